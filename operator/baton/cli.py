@@ -1,0 +1,43 @@
+"""The `baton` command: one entry point, one module per subcommand.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args)`;
+it is imported only when chosen, so `baton --help` stays fast and a control-plane image
+does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Add a subcommand by adding a line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("baton.engine.demo", "load a model and answer one chat request in the terminal"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="baton", description="Baton: disaggregated LLM serving")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] not in COMMANDS:
+        parser.parse_args(argv)  # prints usage or an error naming the unknown command
+        return 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    sub = argparse.ArgumentParser(prog=f"baton {name}", description=COMMANDS[name][1])
+    module.add_arguments(sub)
+    args = sub.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
