@@ -1,0 +1,108 @@
+"""Engine settings and the model's architecture description."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+ROLES = ("prefill", "decode", "both")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a Llama-family decoder (SmolLM2, Llama 3, Qwen2, Mistral)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # HF's dict, e.g. {"rope_type": "llama3", ...}
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has a bias on q, k and v
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> ModelConfig:
+        """From a HF `config.json` dictionary."""
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=cfg.get("rope_theta", 10000.0),
+            rope_scaling=cfg.get("rope_scaling"),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", cfg.get("model_type") == "qwen2"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """K and V, all layers, one token."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs. `None` model means the bundled SmolLM2-135M-Instruct."""
+
+    model: str | None = None
+    dtype: str = "auto"  # auto = bfloat16 (CPU and GPU)
+    device: str = "auto"  # auto = cuda when available, else cpu
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # per-step token budget
+    chunk_size: int = 512  # longest prefill chunk; 0 = whole prompts
+    max_model_len: int | None = None  # None: the model's context length
+    enable_prefix_caching: bool = True
+    role: str = "both"
+    seed: int = 0
+    threads: int | None = None  # torch CPU threads; None leaves torch's default
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.chunk_size < 0:
+            raise ValueError(f"chunk_size must be >= 0 (0 = whole prompts), got {self.chunk_size}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_batched_tokens must be positive")
+        if self.max_num_seqs <= 0:
+            raise ValueError("max_num_seqs must be positive")
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16
+        dtype = DTYPES[self.dtype]
+        if dtype == torch.float16 and device.type == "cpu":
+            raise ValueError("float16 is only supported on GPU; use bfloat16 or float32 on CPU")
+        return dtype
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)

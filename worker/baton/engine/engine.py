@@ -1,0 +1,234 @@
+"""The engine: requests in, tokens out, one scheduled step at a time."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence as Seq
+
+import torch
+
+from baton.engine.block_manager import BlockManager
+from baton.engine.config import EngineConfig
+from baton.engine.loader import load_source
+from baton.engine.model_runner import ModelRunner
+from baton.engine.outputs import RequestOutput
+from baton.engine.sampling import SamplingParams, sample
+from baton.engine.scheduler import Scheduler
+from baton.engine.sequence import Sequence, SequenceStatus
+from baton.engine.stopping import StopChecker
+
+Prompt = str | list[int]
+
+
+class Engine:
+    """Offline and step-driven inference over a paged KV cache.
+
+    >>> engine = Engine()  # the bundled SmolLM2-135M-Instruct
+    >>> engine.generate(["Hello"], SamplingParams(max_tokens=8))[0].text
+    """
+
+    def __init__(self, model: str | None = None, **settings):
+        self.config = EngineConfig(model=model, **settings)
+        self.config.validate()
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        self.device = self.config.torch_device()
+        self.dtype = self.config.torch_dtype(self.device)
+        source = load_source(model)
+        self.model_name = source.name
+        self.model_config = source.config
+        self.tokenizer = source.tokenizer
+        self.max_model_len = self.config.max_model_len or self.model_config.max_position_embeddings
+        torch.manual_seed(self.config.seed)
+        self.runner = ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
+        self.blocks = BlockManager(
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = self._new_scheduler()
+        self.sequences: dict[str, Sequence] = {}
+        self.stop_checkers: dict[str, StopChecker] = {}
+        self._ids = itertools.count()
+        self.stats = EngineStats()
+
+    def _new_scheduler(self) -> Scheduler:
+        c = self.config
+        return Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunk_size)
+
+    # -- requests ----------------------------------------------------------------------
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _new_sequence(self, prompt: Prompt, params: SamplingParams, request_id: str | None) -> Sequence:
+        params.validate()
+        ids = self.tokenize(prompt)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the context limit is {self.max_model_len} "
+                "(prompt plus at least one generated token)"
+            )
+        if -(-(len(ids) + 1) // self.config.block_size) > self.blocks.num_blocks:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit this worker's KV cache")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.sequences:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        return Sequence(request_id, ids, params)
+
+    def _register(self, seq: Sequence) -> None:
+        self.sequences[seq.request_id] = seq
+        self.stop_checkers[seq.request_id] = StopChecker(
+            self.tokenizer, seq, self.max_model_len
+        )
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        prefill_only: bool = False,
+    ) -> str:
+        """Queue a request. With `prefill_only` it stops after its first token and keeps its
+        KV blocks (status HELD) until `release` — the prefill side of a handoff."""
+        seq = self._new_sequence(prompt, params or SamplingParams(), request_id)
+        seq.prefill_only = prefill_only
+        self._register(seq)
+        self.scheduler.add(seq)
+        return seq.request_id
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        self.scheduler.remove(seq)
+        self._finish(seq, "abort")
+        return True
+
+    def release(self, request_id: str) -> None:
+        """Free a finished or held sequence's blocks (into the prefix cache) and forget it."""
+        seq = self.sequences.pop(request_id, None)
+        self.stop_checkers.pop(request_id, None)
+        if seq is not None:
+            if not seq.is_finished and seq.status != SequenceStatus.HELD:
+                self.scheduler.remove(seq)
+            self.blocks.free_sequence(seq)
+            seq.status = SequenceStatus.FINISHED
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        if reason == "prefill":
+            seq.status = SequenceStatus.HELD  # keep the KV for the decode worker
+            return
+        seq.status = SequenceStatus.FINISHED
+        self.blocks.free_sequence(seq)
+
+    # -- the step loop ------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self, layer_hook=None) -> list[RequestOutput]:
+        """Schedule, run and sample one step; report every request that progressed."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        started = time.perf_counter()
+        sampling, logits = self.runner.run(batch, layer_hook)
+        for seq, n in batch.prefills:
+            seq.num_computed_tokens += n
+            self.blocks.register_full_blocks(seq)
+        for seq in batch.decodes:
+            seq.num_computed_tokens += 1
+            self.blocks.register_full_blocks(seq)
+        results = sample(logits, [s.params for s in sampling], [s.generator for s in sampling])
+        self.stats.record_step(batch, time.perf_counter() - started)
+        outputs = []
+        now = time.monotonic()
+        for seq, result in zip(sampling, results):
+            outputs.append(self._append_token(seq, result, now))
+        return outputs
+
+    def _append_token(self, seq: Sequence, result, now: float) -> RequestOutput:
+        seq.token_ids.append(result.token_id)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if result.logprob is not None:
+            seq.logprobs.append({"token_id": result.token_id, "logprob": result.logprob,
+                                 "top_logprobs": result.top_logprobs or {}})
+        checker = self.stop_checkers[seq.request_id]
+        new_text, reason = checker.add(result.token_id)
+        if reason is None and seq.prefill_only:
+            reason = "prefill"
+        if reason is not None:
+            self.scheduler.remove(seq)
+            self._finish(seq, reason)
+        return self._output(seq, [result.token_id], new_text)
+
+    def _output(self, seq: Sequence, new_ids: list[int], new_text: str) -> RequestOutput:
+        finished = seq.status in (SequenceStatus.FINISHED, SequenceStatus.HELD)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=seq.completion_token_ids,
+            text=self.stop_checkers[seq.request_id].text,
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            num_cached_tokens=seq.num_cached_tokens,
+            new_token_ids=new_ids,
+            new_text=new_text,
+            logprobs=list(seq.logprobs),
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+        )
+
+    # -- offline API ---------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion and return their outputs in order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list | tuple) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        for rid in ids:
+            self.release(rid)
+        return [final[rid] for rid in ids]
+
+
+class EngineStats:
+    """Counters the worker exports as metrics."""
+
+    def __init__(self):
+        self.steps = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefill_seconds = 0.0
+        self.decode_seconds = 0.0
+
+    def record_step(self, batch, seconds: float) -> None:
+        self.steps += 1
+        prompt = sum(n for _, n in batch.prefills)
+        self.prompt_tokens += prompt
+        self.generation_tokens += len(batch.decodes)
+        if prompt:
+            self.prefill_seconds += seconds
+        else:
+            self.decode_seconds += seconds

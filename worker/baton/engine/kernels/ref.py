@@ -1,0 +1,177 @@
+"""Torch reference implementations of Baton's kernels.
+
+They define what every Triton kernel in `triton/` must compute, and they are the engine's
+CPU path. Shapes use: N tokens in a step, B sequences, Hq query heads, Hkv KV heads, D head
+dim. The KV cache of one layer is K and V of shape [num_blocks, block_size, Hkv, D]; token t
+of a sequence lives at block_table[t // block_size], offset t % block_size, i.e. flat slot
+block_table[t // block_size] * block_size + t % block_size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kvcache(
+    key: torch.Tensor,  # [N, Hkv, D]
+    value: torch.Tensor,  # [N, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [N] int, -1 = skip (token already cached)
+) -> None:
+    """Write each token's K and V into its cache slot."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping.long(), key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping.long(), value.to(v_cache.dtype))
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence from a paged cache: [length, Hkv, D]."""
+    num_blocks = -(-length // cache.shape[1])
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, Hq, D], one new token per sequence
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B] tokens in the cache, the new one included
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its whole paged context (GQA)."""
+    batch, num_heads, head_dim = q.shape
+    block_size = k_cache.shape[1]
+    max_len = int(context_lens.max())
+    num_blocks = -(-max_len // block_size)
+    tables = block_tables[:, :num_blocks].long()
+    # [B, L, Hkv, D] -> [B, Hkv, L, D]
+    k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
+    v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
+    positions = torch.arange(max_len, device=q.device)
+    mask = positions[None, :] < context_lens[:, None].to(q.device)  # [B, L]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [B, Hq, 1, D]
+        k.to(q.dtype),
+        v.to(q.dtype),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [N, Hq, D], the new tokens of all sequences, concatenated
+    k: torch.Tensor,  # [N, Hkv, D], their keys (already stored in the cache too)
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    cu_seqlens_q: list[int],  # B + 1 offsets into N
+    context_lens: list[int],  # [B] cached + new tokens per sequence
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of new tokens over cached + new context (extend / chunked prefill).
+
+    The i-th new token of a sequence with c cached tokens sits at position c + i and sees
+    keys 0..c+i. A sequence with no cached tokens attends over its own fresh K/V directly,
+    which saves the gather.
+    """
+    out = torch.empty_like(q)
+    for b in range(len(context_lens)):
+        start, end = cu_seqlens_q[b], cu_seqlens_q[b + 1]
+        q_len, ctx_len = end - start, context_lens[b]
+        qb = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        if ctx_len == q_len:
+            kb, vb = k[start:end], v[start:end]
+            mask, causal = None, True
+        else:
+            kb = _gather_context(k_cache, block_tables[b], ctx_len).to(q.dtype)
+            vb = _gather_context(v_cache, block_tables[b], ctx_len).to(q.dtype)
+            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
+            mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
+            mask, causal = mask[None, None], False
+        ob = F.scaled_dot_product_attention(
+            qb,
+            kb.transpose(0, 1).unsqueeze(0),
+            vb.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start:end] = ob[0].transpose(0, 1)
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32, returned in x's dtype (as HF Llama does)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual <- x + residual; return (rms_norm(residual), residual)."""
+    residual = x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def rotary_embedding(
+    positions: torch.Tensor,  # [N]
+    q: torch.Tensor,  # [N, Hq, D]
+    k: torch.Tensor,  # [N, Hkv, D]
+    cos_sin_cache: torch.Tensor,  # [max_pos, D]: cos in [:D/2], sin in [D/2:], fp32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half (NeoX) RoPE, as HF Llama applies it."""
+    half = q.shape[-1] // 2
+    cos_sin = cos_sin_cache.index_select(0, positions.long())
+    cos = cos_sin[:, None, :half]
+    sin = cos_sin[:, None, half:]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        x1, x2 = xf[..., :half], xf[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation on a fused [gate | up] projection: silu(gate) * up."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def pack_kv_blocks(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_ids: torch.Tensor,  # [n] int
+    head_start: int,
+    head_end: int,
+) -> torch.Tensor:
+    """One layer's K and V for some blocks and a head range, contiguous: [2, n, bs, h, D]."""
+    ids = block_ids.long()
+    return torch.stack(
+        (k_cache[ids, :, head_start:head_end], v_cache[ids, :, head_start:head_end])
+    )
+
+
+def unpack_kv_blocks(
+    packed: torch.Tensor,  # [2, n, bs, h, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    head_start: int,
+) -> None:
+    """Inverse of pack_kv_blocks: write packed blocks into the cache at a head offset."""
+    ids = block_ids.long()
+    head_end = head_start + packed.shape[3]
+    k_cache[ids, :, head_start:head_end] = packed[0].to(k_cache.dtype)
+    v_cache[ids, :, head_start:head_end] = packed[1].to(v_cache.dtype)

@@ -1,0 +1,148 @@
+"""Continuous batching: which tokens of which sequences run in the next step.
+
+Each step has a token budget. Running decodes go first (one token each), then prefill
+chunks: first sequences already part-way through their prompt, then waiting ones in
+arrival order. When a decode needs a block and none is free, the most recently admitted
+sequence is preempted: its blocks are freed and it goes back to the queue to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from baton.engine.block_manager import BlockManager
+from baton.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, new tokens)
+    decodes: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.prefills) + len(self.decodes)
+
+    def __bool__(self) -> bool:
+        return bool(self.prefills or self.decodes)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunk_size: int,
+    ):
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunk_size = chunk_size  # 0 = whole prompts
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence whose KV is already in the cache (arrived from another worker)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- the decision ----------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        budget = self._schedule_decodes(batch, budget)
+        budget = self._schedule_running_prefills(batch, budget)
+        self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq not in self.running or seq.in_prefill:
+                continue  # preempted meanwhile, or still prefilling
+            if not self._make_room(seq, seq.num_tokens, batch):
+                self._preempt(seq, batch)  # nothing left to take from: recompute it later
+                continue
+            self.blocks.allocate(seq, seq.num_tokens)
+            batch.decodes.append(seq)
+            budget -= 1
+        return budget
+
+    def _make_room(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
+        """Preempt the newest other sequences until `seq` can hold `num_tokens` tokens."""
+        scheduled_prefills = {id(s) for s, _ in batch.prefills}
+        while self.blocks.blocks_needed(seq, num_tokens) > self.blocks.num_free_blocks:
+            victims = [
+                s for s in self.running if s is not seq and id(s) not in scheduled_prefills
+            ]
+            if not victims:
+                return False
+            self._preempt(victims[-1], batch)
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        if seq in batch.decodes:
+            batch.decodes.remove(seq)
+        self.blocks.free_sequence(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _chunk(self, seq: Sequence, budget: int, first_prefill: bool) -> int:
+        """How many of `seq`'s uncomputed tokens run this step (0 = not this step)."""
+        remaining = seq.num_uncomputed_tokens
+        if self.chunk_size == 0:
+            # whole prompts: fits the budget, or is the only prefill (so it never starves)
+            return remaining if remaining <= budget or first_prefill else 0
+        return min(remaining, budget, self.chunk_size)
+
+    def _schedule_running_prefills(self, batch: ScheduledBatch, budget: int) -> int:
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq not in self.running or not seq.in_prefill:
+                continue
+            n = self._chunk(seq, budget, first_prefill=not batch.prefills)
+            if n == 0 or not self._make_room(seq, seq.num_computed_tokens + n, batch):
+                continue
+            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            batch.prefills.append((seq, n))
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.block_table:
+                self.blocks.match_prefix(seq)
+            n = self._chunk(seq, budget, first_prefill=not batch.prefills)
+            if n == 0 or self.blocks.blocks_needed(
+                seq, seq.num_computed_tokens + n
+            ) > self.blocks.num_free_blocks:
+                break  # keeps its place (and its prefix blocks) at the head of the queue
+            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.prefills.append((seq, n))
+            budget -= n

@@ -1,0 +1,86 @@
+"""Copy HF-named tensors into the engine's fused layout (qkv and gate_up in one matrix)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+
+from baton.engine.models.llama import LlamaModel
+
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# HF suffix -> (engine parameter, row slot in the fused matrix or None)
+_LAYER_MAP = {
+    "input_layernorm.weight": ("input_norm", None),
+    "post_attention_layernorm.weight": ("post_attention_norm", None),
+    "self_attn.q_proj.weight": ("qkv", 0),
+    "self_attn.k_proj.weight": ("qkv", 1),
+    "self_attn.v_proj.weight": ("qkv", 2),
+    "self_attn.q_proj.bias": ("qkv_bias", 0),
+    "self_attn.k_proj.bias": ("qkv_bias", 1),
+    "self_attn.v_proj.bias": ("qkv_bias", 2),
+    "self_attn.o_proj.weight": ("o_proj", None),
+    "mlp.gate_proj.weight": ("gate_up", 0),
+    "mlp.up_proj.weight": ("gate_up", 1),
+    "mlp.down_proj.weight": ("down", None),
+}
+_IGNORED = ("rotary_emb.inv_freq",)
+
+
+def load_weights(model: LlamaModel, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Fill every parameter of `model`; fail naming any tensor that is missing or misshapen."""
+    cfg = model.cfg
+    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    fused_rows = {"qkv": [0, q, q + kv, q + 2 * kv], "qkv_bias": [0, q, q + kv, q + 2 * kv],
+                  "gate_up": [0, inter, 2 * inter]}
+    filled: set[str] = set()
+    for name, tensor in tensors:
+        if name.endswith(_IGNORED):
+            continue
+        target, label = _resolve(model, name, fused_rows)
+        if target is None:
+            continue
+        if target.shape != tensor.shape:
+            raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+        target.copy_(tensor.to(target.dtype))
+        filled.add(label)
+    _check_complete(model, filled)
+
+
+def _resolve(model: LlamaModel, name: str, fused_rows: dict) -> tuple[torch.Tensor | None, str]:
+    if name == "model.embed_tokens.weight":
+        return model.embed.data, name
+    if name == "model.norm.weight":
+        return model.norm.data, name
+    if name == "lm_head.weight":
+        if model.cfg.tie_word_embeddings:
+            return None, name  # tied: the embedding serves as the head
+        return model.lm_head.data, name
+    m = _LAYER_RE.fullmatch(name)
+    if not m or m.group(2) not in _LAYER_MAP:
+        raise ValueError(f"unexpected weight {name!r} for a Llama-family model")
+    layer_index = int(m.group(1))
+    if layer_index >= len(model.layers):
+        raise ValueError(f"weight {name!r} names layer {layer_index}, model has {len(model.layers)}")
+    param_name, slot = _LAYER_MAP[m.group(2)]
+    param = getattr(model.layers[layer_index], param_name)
+    if param is None:
+        raise ValueError(f"weight {name!r} given but the config says the model has no such bias")
+    if slot is None:
+        return param.data, name
+    rows = fused_rows[param_name]
+    return param.data[rows[slot] : rows[slot + 1]], name
+
+
+def _check_complete(model: LlamaModel, filled: set[str]) -> None:
+    expected = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not model.cfg.tie_word_embeddings:
+        expected.add("lm_head.weight")
+    for i, layer in enumerate(model.layers):
+        for suffix, (param_name, _) in _LAYER_MAP.items():
+            if getattr(layer, param_name) is not None:
+                expected.add(f"model.layers.{i}.{suffix}")
+    missing = sorted(expected - filled)
+    if missing:
+        raise ValueError(f"weights file lacks {len(missing)} tensors, e.g. {missing[:3]}")
