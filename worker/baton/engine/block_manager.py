@@ -11,7 +11,6 @@ import hashlib
 from collections import OrderedDict
 
 import numpy as np
-
 from baton.engine.sequence import Sequence
 
 
@@ -85,7 +84,6 @@ class BlockManager:
         position to sample from. Returns the number of cached tokens.
         """
         assert not seq.block_table, "match_prefix is for sequences holding no blocks"
-        self.prefix_queries += seq.num_prompt_tokens
         if not self.enable_prefix_caching:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
@@ -102,10 +100,14 @@ class BlockManager:
         seq.num_hashed_blocks = len(seq.block_table)
         seq.last_block_hash = prev
         seq.num_computed_tokens = cached
-        if seq.num_preemptions == 0:
-            seq.num_cached_tokens = cached
-        self.prefix_hits += cached
         return cached
+
+    def record_admission(self, seq: Sequence) -> None:
+        """Count a newly admitted prompt in the prefix-cache statistics (once per request)."""
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.prefix_queries += seq.num_prompt_tokens
+            self.prefix_hits += seq.num_computed_tokens
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow `seq`'s block table to hold `num_tokens` tokens (all or nothing)."""

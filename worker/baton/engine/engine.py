@@ -7,7 +7,6 @@ import time
 from collections.abc import Sequence as Seq
 
 import torch
-
 from baton.engine.block_manager import BlockManager
 from baton.engine.config import EngineConfig
 from baton.engine.loader import load_source
@@ -139,8 +138,12 @@ class Engine:
     def step(self, layer_hook=None) -> list[RequestOutput]:
         """Schedule, run and sample one step; report every request that progressed."""
         batch = self.scheduler.schedule()
-        if not batch:
-            return []
+        outputs = []
+        for seq in batch.out_of_kv:
+            self._finish(seq, "length")
+            outputs.append(self._output(seq, [], ""))
+        if not (batch.prefills or batch.decodes):
+            return outputs
         started = time.perf_counter()
         sampling, logits = self.runner.run(batch, layer_hook)
         for seq, n in batch.prefills:
@@ -151,7 +154,6 @@ class Engine:
             self.blocks.register_full_blocks(seq)
         results = sample(logits, [s.params for s in sampling], [s.generator for s in sampling])
         self.stats.record_step(batch, time.perf_counter() - started)
-        outputs = []
         now = time.monotonic()
         for seq, result in zip(sampling, results):
             outputs.append(self._append_token(seq, result, now))
@@ -205,7 +207,10 @@ class Engine:
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         final: dict[str, RequestOutput] = {}
         while len(final) < len(ids):
-            for out in self.step():
+            outputs = self.step()
+            if not outputs and not self.scheduler.running:
+                raise RuntimeError("engine made no progress: the waiting requests cannot be scheduled")
+            for out in outputs:
                 if out.finished:
                     final[out.request_id] = out
         for rid in ids:

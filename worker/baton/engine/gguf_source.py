@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from baton.engine.config import ModelConfig
 from baton.engine.tokenizer import Tokenizer
 
@@ -64,9 +63,8 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def load_gguf(path: Path):
-    from gguf import GGUFReader
-
     from baton.engine.loader import ModelSource
+    from gguf import GGUFReader
 
     try:
         reader = GGUFReader(str(path))

@@ -20,13 +20,15 @@ class ScheduledBatch:
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, new tokens)
     decodes: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # sequences that outgrew the whole KV cache on their own: the engine ends them
+    out_of_kv: list[Sequence] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(n for _, n in self.prefills) + len(self.decodes)
 
     def __bool__(self) -> bool:
-        return bool(self.prefills or self.decodes)
+        return bool(self.prefills or self.decodes or self.out_of_kv)
 
 
 class Scheduler:
@@ -78,7 +80,11 @@ class Scheduler:
             if seq not in self.running or seq.in_prefill:
                 continue  # preempted meanwhile, or still prefilling
             if not self._make_room(seq, seq.num_tokens, batch):
-                self._preempt(seq, batch)  # nothing left to take from: recompute it later
+                if len(self.running) == 1:
+                    self.running.remove(seq)  # alone and still no room: it can never fit
+                    batch.out_of_kv.append(seq)
+                else:
+                    self._preempt(seq, batch)  # nothing left to take from: recompute later
                 continue
             self.blocks.allocate(seq, seq.num_tokens)
             batch.decodes.append(seq)
@@ -139,8 +145,12 @@ class Scheduler:
             if n == 0 or self.blocks.blocks_needed(
                 seq, seq.num_computed_tokens + n
             ) > self.blocks.num_free_blocks:
-                break  # keeps its place (and its prefix blocks) at the head of the queue
+                # it keeps its place; its prefix blocks go back so they can be evicted
+                self.blocks.free_sequence(seq)
+                seq.num_computed_tokens = 0
+                break
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            self.blocks.record_admission(seq)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
