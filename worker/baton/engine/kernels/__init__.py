@@ -1,0 +1,59 @@
+"""Kernel selection: Triton kernels on CUDA, the torch references elsewhere.
+
+``get_ops(device)`` returns a namespace with the nine kernel functions. Set
+``BATON_KERNELS=ref`` or ``BATON_KERNELS=triton`` to force one set (``triton`` on a CPU
+device only works under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+from . import ref
+
+OP_NAMES = (
+    "store_kvcache",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "pack_kv_blocks",
+    "unpack_kv_blocks",
+)
+
+
+def _namespace(module, backend: str) -> SimpleNamespace:
+    ops = SimpleNamespace(**{name: getattr(module, name) for name in OP_NAMES})
+    ops.backend = backend
+    return ops
+
+
+def _triton_module():
+    # Imported lazily: importing triton is slow, and the interpreter switch
+    # (TRITON_INTERPRET) is read when the kernels are defined.
+    from . import triton as triton_kernels
+
+    return triton_kernels
+
+
+def get_ops(device: torch.device | str) -> SimpleNamespace:
+    """The kernel functions to use for tensors on `device`."""
+    device = torch.device(device)
+    forced = os.environ.get("BATON_KERNELS", "").strip().lower()
+    if forced not in ("", "ref", "triton"):
+        raise ValueError(f"BATON_KERNELS must be 'ref' or 'triton', not {forced!r}")
+    if forced == "ref":
+        return _namespace(ref, "ref")
+    if forced == "triton":
+        return _namespace(_triton_module(), "triton")
+    if device.type == "cuda":
+        try:
+            return _namespace(_triton_module(), "triton")
+        except ImportError:
+            pass
+    return _namespace(ref, "ref")
