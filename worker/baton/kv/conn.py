@@ -1,0 +1,154 @@
+"""Frames over a non-blocking stream socket (TCP or unix), without copying payloads.
+
+asyncio's StreamWriter copies whatever the kernel does not take at once into its own buffer,
+and StreamReader.readexactly returns fresh bytes copied out of another buffer. Here a frame
+goes out with one sendmsg() of [header, payload view] and comes in with recv_into() straight
+into the destination buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import torch
+from baton.kv.wire import PREAMBLE_SIZE, FrameHeader, body_length, decode_header, encode_frame
+
+_SKIP_CHUNK = 1 << 20
+
+
+class ConnectionClosed(ConnectionError):
+    pass
+
+
+class FrameConn:
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Control frames are tiny; Nagle + delayed ACK would add tens of ms to each.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self._send_lock = asyncio.Lock()
+        self._waiters: set[asyncio.Future] = set()
+        self._rx = torch.empty(0, dtype=torch.uint8)
+        self.closed = False
+
+    # -- sending -------------------------------------------------------------------------
+    async def send(self, header: FrameHeader, payload=b"", timeout: float = 30.0) -> None:
+        """Write one frame atomically with respect to other senders on this connection."""
+        buffers = encode_frame(header, payload)
+        async with self._send_lock:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._sendmsg_all(buffers)
+            except BaseException:
+                # A half-written frame leaves the stream unusable.
+                self.close()
+                raise
+
+    async def _sendmsg_all(self, buffers) -> None:
+        views = [memoryview(b).cast("B") for b in buffers if len(b)]
+        while views:
+            if self.closed:
+                raise ConnectionClosed("connection closed while sending")
+            try:
+                sent = self.sock.sendmsg(views)
+            except (BlockingIOError, InterruptedError):
+                await self._wait_writable()
+                continue
+            except OSError as exc:
+                raise ConnectionClosed(f"send failed: {exc}") from exc
+            while sent:
+                if sent >= views[0].nbytes:
+                    sent -= views.pop(0).nbytes
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+
+    async def _wait_ready(self, add, remove) -> None:
+        """Wait until the socket is readable/writable; close() wakes every waiter."""
+        if self.closed:
+            raise ConnectionClosed("connection closed")
+        fut = self.loop.create_future()
+        fd = self.sock.fileno()
+        add(fd, lambda: fut.done() or fut.set_result(None))
+        self._waiters.add(fut)
+        try:
+            await fut
+        finally:
+            self._waiters.discard(fut)
+            if not self.closed:
+                remove(fd)
+
+    async def _wait_writable(self) -> None:
+        await self._wait_ready(self.loop.add_writer, self.loop.remove_writer)
+
+    # -- receiving -----------------------------------------------------------------------
+    async def recv_into(self, view: memoryview) -> None:
+        view = view.cast("B") if view.format != "B" else view
+        got = 0
+        while got < view.nbytes:
+            if self.closed:
+                raise ConnectionClosed("connection closed")
+            try:
+                n = self.sock.recv_into(view[got:])
+            except (BlockingIOError, InterruptedError):
+                await self._wait_ready(self.loop.add_reader, self.loop.remove_reader)
+                continue
+            except OSError as exc:
+                raise ConnectionClosed(f"receive failed: {exc}") from exc
+            if n == 0:
+                raise ConnectionClosed("peer closed the connection" + (" mid-frame" if got else ""))
+            got += n
+
+    async def recv_preamble(self) -> bytes:
+        """Wait (without a deadline of its own) for the next frame to start."""
+        pre = bytearray(PREAMBLE_SIZE)
+        await self.recv_into(memoryview(pre))
+        return bytes(pre)
+
+    async def recv_header_rest(self, preamble: bytes) -> FrameHeader:
+        body = bytearray(body_length(preamble))
+        await self.recv_into(memoryview(body))
+        return decode_header(preamble + body)
+
+    async def recv_header(self) -> FrameHeader:
+        return await self.recv_header_rest(await self.recv_preamble())
+
+    async def recv_payload(self, nbytes: int, reuse: bool = False) -> torch.Tensor:
+        """Read `nbytes` into a uint8 tensor. With `reuse`, the connection's own buffer is
+        used again and again (valid until the next read): fresh multi-MB allocations cost
+        page faults on every layer."""
+        if reuse:
+            if self._rx.numel() < nbytes:
+                self._rx = torch.empty(nbytes, dtype=torch.uint8)
+            buf = self._rx[:nbytes]
+        else:
+            buf = torch.empty(nbytes, dtype=torch.uint8)  # uninitialised: no memset first
+        if nbytes:
+            await self.recv_into(memoryview(buf.numpy()))
+        return buf
+
+    async def skip(self, nbytes: int) -> None:
+        """Consume and drop bytes of a refused frame, keeping the stream in step."""
+        scratch = memoryview(bytearray(min(nbytes, _SKIP_CHUNK)))
+        while nbytes:
+            step = min(nbytes, len(scratch))
+            await self.recv_into(scratch[:step])
+            nbytes -= step
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            fd = self.sock.fileno()
+            if fd >= 0:
+                self.loop.remove_reader(fd)
+                self.loop.remove_writer(fd)
+            for fut in self._waiters:
+                if not fut.done():
+                    fut.set_exception(ConnectionClosed("connection closed"))
+            try:
+                self.sock.close()
+            except OSError:
+                pass
