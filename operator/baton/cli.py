@@ -14,6 +14,10 @@ import sys
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("baton.engine.demo", "load a model and answer one chat request in the terminal"),
+    "simulate": ("baton.sim.simulate", "simulate a fleet over a day: controller vs best static split vs hourly oracle"),
+    "plan": ("baton.sim.plan", "recommend a prefill/decode split and show the KV transfer table"),
+    "crds": ("baton.api.crdgen", "write the PDDeployment CustomResourceDefinition from the API models"),
+    "operator": ("baton.operator.main", "run the Kubernetes operator that reconciles PDDeployments"),
 }
 
 

@@ -1,0 +1,238 @@
+"""PDDeployment, group baton.dev, version v1alpha1: the one resource a platform team writes.
+
+The models are the source of truth: the CRD schema is generated from them (`baton crds`) and
+the operator validates every spec with them before acting on it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from .cel import ApiModel, CelRule
+
+GROUP = "baton.dev"
+VERSION = "v1alpha1"
+KIND = "PDDeployment"
+PLURAL = "pddeployments"
+SINGULAR = "pddeployment"
+SHORT_NAMES = ("pdd",)
+
+Role = Literal["prefill", "decode", "both"]
+Quantity = int | str  # Kubernetes quantities: 2, "500m", "16Gi"
+
+
+class ModelSource(ApiModel):
+    """Where the worker reads the weights from."""
+
+    __cel__: ClassVar = (
+        CelRule(
+            rule="self.source != 'pvc' || has(self.claimName)",
+            message="claimName is required when source is pvc",
+            field="claimName",
+            holds=lambda m: m.source != "pvc" or m.claim_name is not None,
+        ),
+        CelRule(
+            rule="self.source == 'bundled' || has(self.path)",
+            message="path is required unless source is bundled",
+            field="path",
+            holds=lambda m: m.source == "bundled" or m.path is not None,
+        ),
+    )
+
+    source: Literal["bundled", "image", "pvc", "hostPath"] = Field(
+        "bundled",
+        description="bundled: the small default model inside the worker image; image: a path "
+        "inside the image; pvc: a HF folder on a PersistentVolumeClaim; hostPath: a node folder",
+    )
+    path: str | None = Field(None, min_length=1, description="folder or file of the weights")
+    claim_name: str | None = Field(None, min_length=1, description="PVC holding the weights")
+
+
+class EngineSettings(ApiModel):
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
+    max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one step")
+    chunk_size: int = Field(512, ge=1, description="prefill chunk, in tokens")
+
+
+class Toleration(ApiModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Resources(ApiModel):
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class WorkerPool(ApiModel):
+    replicas: int = Field(1, ge=0, description="worker pods in this pool")
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+
+
+class RouterSpec(ApiModel):
+    replicas: int = Field(1, ge=1)
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    disaggregation_threshold: int = Field(
+        512, ge=0, description="uncached prompt tokens below which decode prefills in place"
+    )
+    resources: Resources = Field(default_factory=Resources)
+
+
+class KVTransfer(ApiModel):
+    transport: Literal["tcp", "shm", "nccl", "nixl"] = "tcp"
+    bandwidth_gbps: float = Field(10.0, gt=0, description="expected link bandwidth, GB/s")
+
+
+class PoolBounds(ApiModel):
+    __cel__: ClassVar = (
+        CelRule(
+            rule="self.min <= self.max",
+            message="min must not exceed max",
+            field="min",
+            holds=lambda b: b.min <= b.max,
+        ),
+    )
+
+    min: int = Field(1, ge=0)
+    max: int = Field(4, ge=0)
+
+
+class ServiceLevelObjectives(ApiModel):
+    __cel__: ClassVar = (
+        CelRule(
+            rule="self.ttftSeconds > 0.0",
+            message="ttftSeconds must be positive",
+            field="ttftSeconds",
+            holds=lambda s: s.ttft_seconds > 0,
+        ),
+        CelRule(
+            rule="self.tpotSeconds > 0.0",
+            message="tpotSeconds must be positive",
+            field="tpotSeconds",
+            holds=lambda s: s.tpot_seconds > 0,
+        ),
+    )
+
+    ttft_seconds: float = Field(1.0, gt=0, description="time-to-first-token target")
+    tpot_seconds: float = Field(0.1, gt=0, description="time-per-output-token target")
+
+
+class Autoscaling(ApiModel):
+    enabled: bool = False
+    mode: Literal["fixed-fleet", "elastic"] = "fixed-fleet"
+    prefill: PoolBounds = Field(default_factory=PoolBounds)
+    decode: PoolBounds = Field(default_factory=PoolBounds)
+    slo: ServiceLevelObjectives = Field(default_factory=ServiceLevelObjectives)
+    target_utilization: float = Field(0.8, gt=0, le=1)
+    period_seconds: int = Field(30, ge=1)
+    cooldown_seconds: int = Field(120, ge=0)
+    prometheus_url: str | None = Field(None, min_length=1)
+
+
+class RoleConversion(ApiModel):
+    """A request that one worker pod change role in place (written by the controller)."""
+
+    pod: str = Field(min_length=1)
+    to_role: Literal["prefill", "decode"]  # the spec has no "both" pool to convert into
+
+
+def _within(replicas: int, bounds: PoolBounds) -> bool:
+    return bounds.min <= replicas <= bounds.max
+
+
+class PDDeploymentSpec(ApiModel):
+    __cel__: ClassVar = (
+        CelRule(
+            rule="!self.autoscaling.enabled || (self.prefill.replicas >= self.autoscaling.prefill.min"
+            " && self.prefill.replicas <= self.autoscaling.prefill.max)",
+            message="prefill.replicas must lie within autoscaling.prefill bounds",
+            field="prefill.replicas",
+            holds=lambda s: not s.autoscaling.enabled
+            or _within(s.prefill.replicas, s.autoscaling.prefill),
+        ),
+        CelRule(
+            rule="!self.autoscaling.enabled || (self.decode.replicas >= self.autoscaling.decode.min"
+            " && self.decode.replicas <= self.autoscaling.decode.max)",
+            message="decode.replicas must lie within autoscaling.decode bounds",
+            field="decode.replicas",
+            holds=lambda s: not s.autoscaling.enabled
+            or _within(s.decode.replicas, s.autoscaling.decode),
+        ),
+    )
+
+    image: str = Field(min_length=1, description="worker image")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    model: ModelSource = Field(default_factory=ModelSource)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    prefill: WorkerPool = Field(default_factory=WorkerPool)
+    decode: WorkerPool = Field(default_factory=WorkerPool)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    kv_transfer: KVTransfer = Field(default_factory=KVTransfer)
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    conversions: list[RoleConversion] = Field(default_factory=list)
+    drain_timeout_seconds: int = Field(
+        300, ge=0, description="longest wait for a worker to drain before it is removed anyway"
+    )
+
+
+# --- status (written by the operator and the controller, never by users) ---
+
+
+class Condition(ApiModel):
+    type: Literal["Ready", "Progressing", "Degraded", "Scaling"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class PoolStatus(ApiModel):
+    desired: int = 0
+    current: int = 0
+    ready: int = 0
+
+
+class SizingDecision(ApiModel):
+    """The controller's last sizing decision, kept so `kubectl describe` explains it."""
+
+    time: str | None = None
+    action: str | None = None
+    reason: str | None = None
+    inputs: dict[str, float] = Field(default_factory=dict)
+    outputs: dict[str, float] = Field(default_factory=dict)
+
+
+class ConversionStatus(ApiModel):
+    pod: str
+    from_role: Role
+    to_role: Role
+    phase: Literal["Draining", "Resharding"]
+    started_at: str | None = None
+
+
+class PDDeploymentStatus(ApiModel):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    prefill: PoolStatus = Field(default_factory=PoolStatus)
+    decode: PoolStatus = Field(default_factory=PoolStatus)
+    router: PoolStatus = Field(default_factory=PoolStatus)
+    last_decision: SizingDecision | None = None
+    conversions: list[ConversionStatus] = Field(default_factory=list)
+
+
+class PDDeployment(ApiModel):
+    api_version: Literal["baton.dev/v1alpha1"] = "baton.dev/v1alpha1"
+    kind: Literal["PDDeployment"] = "PDDeployment"
+    metadata: dict = Field(default_factory=dict)
+    spec: PDDeploymentSpec
+    status: PDDeploymentStatus | None = None

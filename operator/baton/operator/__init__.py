@@ -1,0 +1,1 @@
+"""The Baton operator: reconciles PDDeployments into worker pods, services and a router."""

@@ -1,0 +1,1 @@
+"""Pure manifest builders: validated spec in, Kubernetes objects out. No I/O here."""

@@ -1,0 +1,114 @@
+"""Router Deployment, its Service, its discovery RBAC, and the per-role headless Services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baton.api.models import PDDeploymentSpec
+
+from .. import labels
+from .names import pool_service_name, router_name, router_service_name
+from .workers import token_env
+
+POOL_ROLES = ("prefill", "decode")
+
+
+def pool_service(deployment: str, role: str) -> dict[str, Any]:
+    """Headless: clients (and Prometheus) get one address per active worker of the role."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": pool_service_name(deployment, role),
+                     "labels": {**labels.common(deployment, labels.WORKER), labels.ROLE: role}},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": {**labels.selector(deployment, labels.WORKER), labels.ROLE: role,
+                         labels.STATE: labels.STATE_ACTIVE},
+            "ports": [
+                {"name": "http", "port": labels.WORKER_PORT, "targetPort": "http",
+                 "protocol": "TCP"},
+                {"name": "kv", "port": labels.KV_PORT, "targetPort": "kv", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def router_service(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": router_service_name(deployment),
+                     "labels": labels.common(deployment, labels.ROUTER)},
+        "spec": {
+            "type": spec.router.service_type,
+            "selector": labels.selector(deployment, labels.ROUTER),
+            "ports": [{"name": "http", "port": labels.ROUTER_PORT, "targetPort": "http",
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if spec.router.resources.requests:
+        resources["requests"] = {k: str(v) for k, v in spec.router.resources.requests.items()}
+    if spec.router.resources.limits:
+        resources["limits"] = {k: str(v) for k, v in spec.router.resources.limits.items()}
+    container = {
+        "name": "router",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "args": ["baton", "router", "--port", str(labels.ROUTER_PORT),
+                 "--discovery", "kubernetes", "--deployment", deployment],
+        "ports": [{"name": "http", "containerPort": labels.ROUTER_PORT, "protocol": "TCP"}],
+        "env": [
+            token_env(deployment),
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "BATON_DISAGG_THRESHOLD", "value": str(spec.router.disaggregation_threshold)},
+        ],
+        "resources": resources,
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": router_name(deployment),
+                     "labels": labels.common(deployment, labels.ROUTER)},
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": labels.selector(deployment, labels.ROUTER)},
+            "template": {
+                "metadata": {"labels": labels.common(deployment, labels.ROUTER)},
+                "spec": {
+                    "serviceAccountName": router_name(deployment),
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def router_rbac(deployment: str) -> list[dict[str, Any]]:
+    """The router discovers workers by watching pod labels in its own namespace."""
+    name = router_name(deployment)
+    meta = {"name": name, "labels": labels.common(deployment, labels.ROUTER)}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(meta),
+            "rules": [{"apiGroups": [""], "resources": ["pods"],
+                       "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name}],
+        },
+    ]

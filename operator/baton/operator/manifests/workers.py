@@ -1,0 +1,150 @@
+"""Worker pods: pure functions from a validated spec to Pod manifests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from baton.api.models import PDDeploymentSpec, WorkerPool
+
+from .. import labels
+from .names import secret_name
+
+MODEL_MOUNT = "/models"
+TOKEN_KEY = "token"
+
+
+def model_argument(spec: PDDeploymentSpec) -> str:
+    source = spec.model
+    if source.source == "bundled":
+        return "bundled"
+    if source.source == "image":
+        return source.path or ""
+    if source.source == "hostPath":  # the host folder itself is mounted at MODEL_MOUNT
+        return MODEL_MOUNT
+    return f"{MODEL_MOUNT}/{(source.path or '').lstrip('/')}".rstrip("/")
+
+
+def worker_args(spec: PDDeploymentSpec, role: str) -> list[str]:
+    engine = spec.engine
+    return [
+        "baton", "worker",
+        "--role", role,
+        "--model", model_argument(spec),
+        "--host", "0.0.0.0",
+        "--port", str(labels.WORKER_PORT),
+        "--kv-port", str(labels.KV_PORT),
+        "--dtype", engine.dtype,
+        "--block-size", str(engine.block_size),
+        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+        "--chunk-size", str(engine.chunk_size),
+    ]
+
+
+def template_hash(spec: PDDeploymentSpec) -> str:
+    """Hash of what a running pod cannot change in place; pools share it because a pod may
+    move between pools by role conversion without being stale."""
+    shared = {
+        "image": spec.image,
+        "pull": spec.image_pull_policy,
+        "model": spec.model.model_dump(mode="json"),
+        "engine": spec.engine.model_dump(mode="json"),
+        "kv": spec.kv_transfer.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def token_env(deployment: str) -> dict[str, Any]:
+    return {
+        "name": "BATON_INTERNAL_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": secret_name(deployment), "key": TOKEN_KEY}},
+    }
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _model_volume(spec: PDDeploymentSpec) -> dict[str, Any] | None:
+    source = spec.model
+    if source.source == "pvc":
+        return {"name": "model", "persistentVolumeClaim": {"claimName": source.claim_name,
+                                                            "readOnly": True}}
+    if source.source == "hostPath":
+        return {"name": "model", "hostPath": {"path": source.path, "type": "Directory"}}
+    return None
+
+
+def _resources(pool: WorkerPool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if pool.resources.requests:
+        out["requests"] = {k: str(v) for k, v in pool.resources.requests.items()}
+    if pool.resources.limits:
+        out["limits"] = {k: str(v) for k, v in pool.resources.limits.items()}
+    return out
+
+
+def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec) -> dict[str, Any]:
+    pool = spec.prefill if role == "prefill" else spec.decode
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "args": worker_args(spec, role),
+        "ports": [
+            {"name": "http", "containerPort": labels.WORKER_PORT, "protocol": "TCP"},
+            {"name": "kv", "containerPort": labels.KV_PORT, "protocol": "TCP"},
+        ],
+        "env": [
+            token_env(deployment),
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_NAMESPACE", "metadata.namespace"),
+            _field_env("POD_IP", "status.podIP"),
+            # Not worker flags in docs/contracts.md, so passed as environment.
+            {"name": "BATON_KV_TRANSPORT", "value": spec.kv_transfer.transport},
+            {"name": "BATON_KV_BANDWIDTH_GBPS", "value": str(spec.kv_transfer.bandwidth_gbps)},
+            {"name": "BATON_TENSOR_PARALLEL_SIZE", "value": str(pool.tensor_parallel_size)},
+        ],
+        "resources": _resources(pool),
+        # Loading weights can take minutes: the startup probe holds liveness off until then.
+        "startupProbe": _http_probe("/health", period=5, failures=120),
+        "livenessProbe": _http_probe("/health", period=10, failures=3),
+        "readinessProbe": _http_probe("/ready", period=5, failures=2),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 60,
+        "enableServiceLinks": False,
+    }
+    volume = _model_volume(spec)
+    if volume is not None:
+        pod_spec["volumes"] = [volume]
+        mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+        container["volumeMounts"] = [mount]
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in pool.tolerations
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "labels": labels.worker(deployment, role),
+            "annotations": {labels.TEMPLATE_HASH: template_hash(spec)},
+        },
+        "spec": pod_spec,
+    }
+
+
+def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 3,
+    }

@@ -1,0 +1,67 @@
+"""The operator's only way to talk to workers: their internal HTTP API (docs/contracts.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+
+class WorkerUnreachable(Exception):
+    """The worker did not answer, or answered with an error."""
+
+
+@dataclass(frozen=True)
+class DrainState:
+    state: str  # "draining" or "drained"
+    running: int
+
+    @property
+    def drained(self) -> bool:
+        return self.state == "drained"
+
+
+class WorkerClient:
+    def __init__(self, token: str | None, port: int, timeout: float = 5.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._port = port
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> WorkerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _url(self, ip: str, path: str) -> str:
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"http://{host}:{self._port}{path}"
+
+    async def _request(self, method: str, ip: str, path: str, json: dict | None = None) -> dict:
+        try:
+            response = await self._client.request(method, self._url(ip, path), json=json)
+        except httpx.HTTPError as error:
+            raise WorkerUnreachable(f"{method} {path} on {ip}: {error!r}") from error
+        if response.status_code >= 400:
+            raise WorkerUnreachable(f"{method} {path} on {ip}: HTTP {response.status_code}")
+        try:
+            return response.json() if response.content else {}
+        except ValueError:
+            return {}
+
+    async def start_drain(self, ip: str) -> None:
+        await self._request("POST", ip, "/internal/drain")
+
+    async def drain_state(self, ip: str) -> DrainState:
+        body = await self._request("GET", ip, "/internal/drain")
+        return DrainState(state=str(body.get("state", "draining")),
+                          running=int(body.get("running", 0)))
+
+    async def set_role(self, ip: str, role: str) -> None:
+        await self._request("POST", ip, "/internal/role", json={"role": role})
+
+    async def state(self, ip: str) -> dict:
+        return await self._request("GET", ip, "/internal/state")

@@ -1,0 +1,256 @@
+"""The real kopf operator against kmock's KubernetesEmulator, and a loopback fake worker."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import pytest
+from operator_harness import NAMESPACE, SERVICE_MONITORS, api, declare, eventually
+
+pytestmark = pytest.mark.asyncio
+NAME = "demo"
+UID = "0f1e2d3c-aaaa-bbbb-cccc-000000000001"
+PDD = f"/apis/baton.dev/v1alpha1/namespaces/{NAMESPACE}/pddeployments"
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+
+def pdd_body(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "baton.dev/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": UID, "generation": 1,
+                     "resourceVersion": "1"},  # kopf sends it back in a JSON-patch test
+        "spec": {"image": "baton-worker:test", **spec},
+    }
+
+
+def objects(emulator: Any, resource: str) -> dict[str, dict[str, Any]]:
+    return {key[2]: obj.raw for key, obj in emulator.objects.items()
+            if key[0] == resource and not obj.deleted}
+
+
+def pods(emulator: Any, role: str | None = None) -> dict[str, dict[str, Any]]:
+    found = objects(emulator, "v1/pods")
+    if role:
+        found = {n: p for n, p in found.items() if p["metadata"]["labels"]["baton.dev/role"] == role}
+    return found
+
+
+def pdd_status(emulator: Any) -> dict[str, Any]:
+    found = objects(emulator, "baton.dev/v1alpha1/pddeployments").get(NAME)
+    return (found or {}).get("status") or {}
+
+
+def status_writes(emulator: Any) -> int:
+    return sum(1 for r in list(emulator)
+               if r.method == "PATCH" and str(r.url.path) == f"{PDD}/{NAME}/status")
+
+
+def events_posted(emulator: Any) -> list[Any]:
+    return [r for r in list(emulator)
+            if r.method == "POST" and str(r.url.path).endswith("/events")]
+
+
+def condition(emulator: Any, kind: str) -> dict[str, Any]:
+    return next((c for c in pdd_status(emulator).get("conditions", []) if c["type"] == kind), {})
+
+
+async def make_ready(emulator: Any, name: str, ready: bool = True) -> None:
+    status = {"phase": "Running", "podIP": "127.0.0.1",
+              "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    await api(emulator, "PATCH", f"{PODS}/{name}/status", {"status": status})
+
+
+async def make_all_ready(emulator: Any) -> None:
+    for name in pods(emulator):
+        await make_ready(emulator, name)
+    await api(emulator, "PATCH",
+              f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}-router/status",
+              {"status": {"readyReplicas": 1}})
+
+
+async def patch_spec(emulator: Any, spec: dict[str, Any], generation: int) -> None:
+    await api(emulator, "PATCH", f"{PDD}/{NAME}",
+              {"metadata": {"generation": generation}, "spec": spec})
+
+
+async def test_create_builds_children(emulator, operator_factory):
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body(prefill={"replicas": 2}, decode={"replicas": 1}))
+        await eventually(lambda: len(pods(emulator)) == 3, what="3 worker pods")
+        await eventually(lambda: condition(emulator, "Ready"), what="status written")
+
+    assert len(pods(emulator, "prefill")) == 2 and len(pods(emulator, "decode")) == 1
+    for pod in pods(emulator).values():
+        meta = pod["metadata"]
+        assert meta["ownerReferences"][0]["uid"] == UID
+        assert meta["ownerReferences"][0]["controller"] is True
+        assert meta["labels"]["app.kubernetes.io/name"] == "baton"
+        assert meta["labels"]["app.kubernetes.io/instance"] == NAME
+        assert meta["labels"]["app.kubernetes.io/component"] == "worker"
+        assert meta["labels"]["baton.dev/deployment"] == NAME
+        assert meta["labels"]["baton.dev/state"] == "active"
+        role = meta["labels"]["baton.dev/role"]
+        container = pod["spec"]["containers"][0]
+        args = container["args"]
+        assert args[:4] == ["baton", "worker", "--role", role]
+        assert args[args.index("--host") + 1] == "0.0.0.0"
+        assert args[args.index("--port") + 1] == "8100"
+        assert args[args.index("--kv-port") + 1] == "8101"
+        assert args[args.index("--block-size") + 1] == "16"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+        token = next(e for e in container["env"] if e["name"] == "BATON_INTERNAL_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"]["name"] == f"{NAME}-internal-token"
+
+    services = objects(emulator, "v1/services")
+    assert services[f"{NAME}-prefill"]["spec"]["clusterIP"] == "None"
+    assert services[f"{NAME}-decode"]["spec"]["selector"]["baton.dev/role"] == "decode"
+    assert services[NAME]["spec"]["ports"][0]["port"] == 8000
+    router = objects(emulator, "apps/v1/deployments")[f"{NAME}-router"]
+    assert router["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert router["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "baton", "router", "--port", "8000", "--discovery", "kubernetes", "--deployment", NAME]
+    assert f"{NAME}-workers" in objects(emulator, "policy/v1/poddisruptionbudgets")
+    policy = objects(emulator, "networking.k8s.io/v1/networkpolicies")[f"{NAME}-workers"]
+    sources = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+               for peer in policy["spec"]["ingress"][0]["from"]]
+    assert sorted(sources) == ["router", "worker"]
+    secret = objects(emulator, "v1/secrets")[f"{NAME}-internal-token"]
+    assert len(base64.b64decode(secret["data"]["token"])) >= 32
+    assert not objects(emulator, SERVICE_MONITORS)  # that CRD is not installed here
+    owner = objects(emulator, "baton.dev/v1alpha1/pddeployments")[NAME]
+    assert "baton.dev/operator" in owner["metadata"]["finalizers"]
+    assert condition(emulator, "Ready")["status"] == "False"
+    assert pdd_status(emulator)["prefill"] == {"desired": 2, "current": 2, "ready": 0}
+    reasons = {r.data["reason"] for r in events_posted(emulator)}
+    assert "Created" in reasons  # one Event per action, on the PDDeployment
+
+
+async def test_service_monitor_when_its_crd_exists(emulator, operator_factory):
+    declare(emulator, SERVICE_MONITORS, "ServiceMonitor")
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body())
+        monitor = await eventually(lambda: objects(emulator, SERVICE_MONITORS).get(NAME))
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+async def test_status_follows_readiness(emulator, operator_factory):
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body(prefill={"replicas": 1}, decode={"replicas": 2}))
+        await eventually(lambda: len(pods(emulator)) == 3)
+        await make_all_ready(emulator)
+        await eventually(lambda: condition(emulator, "Ready").get("status") == "True",
+                         what="Ready=True")
+        assert pdd_status(emulator)["decode"] == {"desired": 2, "current": 2, "ready": 2}
+        assert condition(emulator, "Progressing")["status"] == "False"
+        # Steady state: further resync passes (every second here) write no status.
+        writes = status_writes(emulator)
+        assert writes > 0
+        await asyncio.sleep(2.5)
+        assert status_writes(emulator) == writes
+        first_transition = condition(emulator, "Ready")["lastTransitionTime"]
+
+        await make_ready(emulator, next(iter(pods(emulator, "decode"))), ready=False)
+        await eventually(lambda: condition(emulator, "Ready").get("status") == "False")
+        assert pdd_status(emulator)["decode"]["ready"] == 1
+        assert condition(emulator, "Ready")["lastTransitionTime"] >= first_transition
+
+
+async def test_scale_up_then_down_drains_first(emulator, operator_factory, fake_worker):
+    fake_worker.drain_finished = False
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body(prefill={"replicas": 2}, decode={"replicas": 1}))
+        await eventually(lambda: len(pods(emulator)) == 3)
+        await make_all_ready(emulator)
+
+        await patch_spec(emulator, {"decode": {"replicas": 2}}, generation=2)
+        await eventually(lambda: len(pods(emulator, "decode")) == 2, what="scale up")
+
+        await patch_spec(emulator, {"prefill": {"replicas": 1}}, generation=3)
+        draining = await eventually(lambda: [
+            n for n, p in pods(emulator, "prefill").items()
+            if p["metadata"]["labels"]["baton.dev/state"] == "draining"], what="a draining pod")
+        await eventually(lambda: "/internal/drain" in fake_worker.paths("GET"), what="drain poll")
+        assert len(pods(emulator, "prefill")) == 2  # not deleted while still draining
+        assert fake_worker.paths("POST") == ["/internal/drain"]
+        token = base64.b64decode(
+            objects(emulator, "v1/secrets")[f"{NAME}-internal-token"]["data"]["token"]).decode()
+        assert {auth for _, _, auth, _ in fake_worker.calls} == {f"Bearer {token}"}
+        assert condition(emulator, "Scaling")["status"] == "True"
+
+        fake_worker.drain_finished = True
+        await eventually(lambda: len(pods(emulator, "prefill")) == 1, what="drained pod deleted")
+        assert draining[0] not in pods(emulator)
+        await eventually(lambda: pdd_status(emulator).get("observedGeneration") == 3)
+
+
+async def test_pod_deleted_by_hand_is_recreated(emulator, operator_factory):
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body())
+        await eventually(lambda: len(pods(emulator)) == 2)
+        victim = next(iter(pods(emulator, "decode")))
+        await api(emulator, "DELETE", f"{PODS}/{victim}")
+        await eventually(lambda: len(pods(emulator, "decode")) == 1 and victim not in pods(emulator),
+                         what="replacement pod")
+
+
+async def test_deleting_the_deployment_removes_children(emulator, operator_factory):
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body())
+        await eventually(lambda: len(pods(emulator)) == 2 and objects(emulator, "v1/services"))
+        await eventually(lambda: objects(emulator, "apps/v1/deployments"))
+        await api(emulator, "DELETE", f"{PDD}/{NAME}")
+        await eventually(lambda: not objects(emulator, "baton.dev/v1alpha1/pddeployments"),
+                         what="finalizer released")
+    for resource in ("v1/pods", "v1/services", "apps/v1/deployments", "v1/secrets",
+                     "policy/v1/poddisruptionbudgets", "networking.k8s.io/v1/networkpolicies"):
+        assert not objects(emulator, resource), resource
+
+
+async def test_bad_spec_sets_degraded_and_recovers(emulator, operator_factory):
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body(
+            autoscaling={"enabled": True, "prefill": {"min": 3, "max": 1}}))
+        degraded = await eventually(lambda: condition(emulator, "Degraded").get("status") == "True"
+                                    and condition(emulator, "Degraded"))
+        assert degraded["reason"] == "InvalidSpec"
+        assert "spec.autoscaling.prefill.min" in degraded["message"]
+        assert not pods(emulator)
+
+        await patch_spec(emulator, {"autoscaling": {"prefill": {"min": 1, "max": 3}}}, generation=2)
+        await eventually(lambda: condition(emulator, "Degraded").get("status") == "False")
+        await eventually(lambda: len(pods(emulator)) == 2, what="pods after the fix")
+
+
+async def test_conversion_survives_operator_restart(emulator, operator_factory, fake_worker):
+    fake_worker.drain_finished = False
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body(prefill={"replicas": 2}, decode={"replicas": 1}))
+        await eventually(lambda: len(pods(emulator)) == 3)
+        await make_all_ready(emulator)
+        await eventually(lambda: condition(emulator, "Ready").get("status") == "True")
+        chosen = sorted(pods(emulator, "prefill"))[0]
+        await patch_spec(emulator, {"prefill": {"replicas": 1}, "decode": {"replicas": 2},
+                                    "conversions": [{"pod": chosen, "toRole": "decode"}]}, 2)
+        await eventually(lambda: pods(emulator)[chosen]["metadata"]["labels"]["baton.dev/state"]
+                         == "draining", what="conversion started")
+        in_flight = await eventually(lambda: pdd_status(emulator).get("conversions"))
+        assert in_flight[0]["pod"] == chosen and in_flight[0]["toRole"] == "decode"
+        assert in_flight[0]["phase"] == "Draining"
+    # The operator is gone half-way; the worker finishes draining meanwhile.
+    assert "/internal/role" not in fake_worker.paths("POST")
+    fake_worker.drain_finished = True
+
+    async with operator_factory():
+        await eventually(lambda: pods(emulator)[chosen]["metadata"]["labels"]["baton.dev/role"]
+                         == "decode", what="relabelled to decode")
+        await eventually(lambda: pdd_status(emulator).get("conversions") == [])
+    labels = pods(emulator)[chosen]["metadata"]["labels"]
+    assert labels["baton.dev/state"] == "active"
+    assert fake_worker.role == "decode"
+    assert fake_worker.paths("POST") == ["/internal/drain", "/internal/role"]
+    assert len(pods(emulator)) == 3  # converted in place: nothing created or deleted
+    assert len(pods(emulator, "decode")) == 2
