@@ -1,0 +1,122 @@
+"""What the control loop hands the policy, how the policy is configured, and what it returns.
+
+A live loop fills `Observation` from Prometheus or scraped `/metrics`; the simulator fills
+it from its fleet. A value the source could not measure is None (or NaN): the policy then
+holds the current split rather than guessing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Mode(StrEnum):
+    FIXED_FLEET = "fixed-fleet"  # N workers, only their roles change
+    ELASTIC = "elastic"  # each pool scales within its own bounds
+
+
+class Action(StrEnum):
+    HOLD = "hold"
+    CONVERT_DECODE_TO_PREFILL = "convert-decode-to-prefill"
+    CONVERT_PREFILL_TO_DECODE = "convert-prefill-to-decode"
+    SCALE_POOLS = "scale-pools"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One period's measurements.
+
+    arrival_rate: req/s; input_len, output_len: mean tokens per request; hit_rate: prefix
+    cache hit fraction of prompt tokens; prefill_supply: prompt tok/s one prefill worker
+    computes while busy; step_intercept_s, step_per_seq_s: decode step line t(B) = a + b*B
+    at the current context (from `DecodeStepModel.line_at`); kv_capacity_tokens: per decode
+    worker; prefill_workers, decode_workers: active workers per role now;
+    conversions_in_flight: workers draining or resharding; now_s: loop clock in seconds;
+    local_share: share of uncached prompt tokens prefilled on decode workers;
+    exposed_transfer_s: measured handoff time left on the critical path;
+    decode_context_tokens: measured KV tokens per running session (None: use L_in + L_out/2).
+    """
+
+    now_s: float
+    prefill_workers: int
+    decode_workers: int
+    arrival_rate: float | None
+    input_len: float | None
+    output_len: float | None
+    hit_rate: float | None
+    prefill_supply: float | None
+    step_intercept_s: float | None
+    step_per_seq_s: float | None
+    kv_capacity_tokens: float | None
+    conversions_in_flight: int = 0
+    local_share: float = 0.0
+    exposed_transfer_s: float = 0.0
+    decode_context_tokens: float | None = None
+
+    def unknown_fields(self) -> list[str]:
+        """Names of measurements that are missing or not finite."""
+        names = [
+            "arrival_rate", "input_len", "output_len", "hit_rate", "prefill_supply",
+            "step_intercept_s", "step_per_seq_s", "kv_capacity_tokens",
+        ]
+        return [n for n in names if not _known(getattr(self, n))]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Targets and guard rails.
+
+    ttft_slo_s, tpot_slo_s: latency objectives; prefill_utilisation, decode_utilisation:
+    planned fraction of capacity (elastic sizing); prefill_bounds, decode_bounds: (min, max)
+    workers per pool; persist_periods: periods a change must be wanted before acting;
+    urgent_gain: headroom gain that acts at once; min_gain: gain below which we hold;
+    cooldown_s: quiet time after an action; max_conversions_in_flight: concurrent
+    conversions allowed.
+    """
+
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.05
+    mode: Mode = Mode.FIXED_FLEET
+    prefill_utilisation: float = 0.8
+    decode_utilisation: float = 0.8
+    prefill_bounds: tuple[int, int] = (1, 1_000_000)
+    decode_bounds: tuple[int, int] = (1, 1_000_000)
+    persist_periods: int = 3
+    urgent_gain: float = 0.25
+    min_gain: float = 0.03
+    cooldown_s: float = 60.0
+    max_conversions_in_flight: int = 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's answer for one period, with enough to explain it to a human.
+
+    action: what to do now; current, desired, target: (prefill, decode) worker counts now,
+    wanted by the formulas, and after this action; inputs: the observation used;
+    outputs: the formula results; explanation: one sentence naming the drivers.
+    """
+
+    action: Action
+    current: tuple[int, int]
+    desired: tuple[int, int]
+    target: tuple[int, int]
+    explanation: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["action"] = self.action.value
+        return data
+
+
+def _known(value: float | None) -> bool:
+    return value is not None and isinstance(value, int | float) and math.isfinite(value)
+
+
+def observation_to_dict(observation: Observation) -> dict[str, Any]:
+    return asdict(observation)

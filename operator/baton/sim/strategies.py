@@ -1,0 +1,146 @@
+"""Three ways to split a fixed fleet over a day, run on identical traffic.
+
+- controller: `baton.autoscaler.policy.SizingPolicy` sees windowed measurements every
+  period and converts one worker at a time, paying drain and reshard time;
+- best static: every split x + y = N held all day, the best one kept;
+- hourly oracle: at each hour, every split is tried from the same state and the best for
+  that hour is taken, re-splitting instantly and for free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from baton.autoscaler.inputs import Action, Mode, Observation, PolicyConfig
+from baton.autoscaler.policy import SizingPolicy
+from baton.autoscaler.step_model import DecodeStepModel
+from baton.sim.fleet import DECODE, PREFILL, Fleet, FleetConfig
+from baton.sim.scoring import Score, Scorer, Trace
+from baton.sim.workload import Ticks
+
+
+@dataclass
+class Outcome:
+    """One strategy's run: its trace, its score, and the decisions it took."""
+
+    name: str
+    trace: Trace
+    score: Score
+    conversions: int = 0
+    decisions: list[dict] = field(default_factory=list)
+
+    def summary(self, duration_s: float) -> dict:
+        arrived, good = float(self.score.arrived[:, 0].sum()), float(self.score.good[:, 0].sum())
+        return {
+            "goodput_rps": good / duration_s,
+            "throughput_rps": arrived / duration_s,
+            "slo_attainment": good / max(1.0, arrived),
+            "conversions": self.conversions,
+            "mean_ttft_s": float(np.average(self.score.mean_ttft_s[:, 0], weights=self.score.arrived[:, 0] + 1e-12)),
+            "mean_tpot_s": float(np.average(self.score.mean_tpot_s[:, 0], weights=self.score.arrived[:, 0] + 1e-12)),
+        }
+
+
+def run_splits(config: FleetConfig, ticks: Ticks, prefill: np.ndarray, decode: np.ndarray,
+               start: Fleet | None = None, tick_range: range | None = None) -> tuple[Fleet, Trace]:
+    """Run K fixed splits side by side (optionally from a fleet state, over some ticks)."""
+    fleet = start or Fleet(config, prefill, decode)
+    if start is not None:
+        fleet.set_split(prefill, decode)
+    span = tick_range or range(len(ticks.times))
+    records = [fleet.step(ticks.arrivals[t]) for t in span]
+    return fleet, Trace.stack(records)
+
+
+def best_static(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: int) -> Outcome:
+    prefill = np.arange(1, workers)
+    _, trace = run_splits(config, ticks, prefill, workers - prefill)
+    score = scorer.score(trace, ticks.arrivals)
+    best = int(np.argmax(score.good.sum(axis=0)))
+    return Outcome(f"static {prefill[best]}P{workers - prefill[best]}D", trace.column(best),
+                   _column(score, best))
+
+
+def hourly_oracle(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: int,
+                  period_s: float = 3600.0) -> Outcome:
+    prefill = np.arange(1, workers)
+    per_hour = int(round(period_s / ticks.dt))
+    state = Fleet(config, [workers // 2], [workers - workers // 2])
+    parts, changes, last = [], 0, None
+    for begin in range(0, len(ticks.times), per_hour):
+        span = range(begin, min(begin + per_hour, len(ticks.times)))
+        trial, trace = run_splits(config, ticks, prefill, workers - prefill, state.clone_to(len(prefill), 0), span)
+        score = scorer.score(trace, ticks.arrivals[span.start : span.stop])
+        best = int(np.argmax(score.good.sum(axis=0)))
+        state = trial.clone_to(1, best)
+        parts.append(trace.column(best))
+        changes += abs(int(prefill[best]) - last) if last is not None else 0
+        last = int(prefill[best])
+    full = Trace.concat(parts)
+    return Outcome("hourly oracle", full, scorer.score(full, ticks.arrivals), conversions=changes)
+
+
+def run_controller(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: int,
+                   policy_config: PolicyConfig, period_s: float = 30.0, window_s: float = 60.0,
+                   seed: int = 11) -> Outcome:
+    """Drive one fleet with the autoscaler policy, measuring only what a live loop could."""
+    assert policy_config.mode is Mode.FIXED_FLEET
+    perf, classes = config.perf, config.classes
+    fleet = Fleet(config, [workers // 2], [workers - workers // 2])
+    policy, step_model = SizingPolicy(policy_config), DecodeStepModel()
+    rng = np.random.default_rng(seed)
+    period, window = int(round(period_s / ticks.dt)), int(round(window_s / ticks.dt))
+    means_in = np.array([c.mean_input for c in classes])
+    means_out = np.array([c.mean_output for c in classes])
+    hits = np.array([c.hit_rate for c in classes])
+    service = config.service_s
+    records, decisions, conversions = [], [], 0
+    for t in range(len(ticks.times)):
+        rec = fleet.step(ticks.arrivals[t])
+        records.append(rec)
+        if rec.batch[0] > 0 and np.isfinite(rec.step_s[0]):
+            # Workers' batches differ around the pool mean (the fluid model keeps only the mean),
+            # and each reports its own steps with timer jitter.
+            for spread in rng.normal(1.0, 0.25, size=3).clip(0.2, 2.0):
+                batch = rec.batch[0] * spread
+                measured = float(perf.decode_step_s(batch, rec.context[0])) * (1 + 0.03 * rng.standard_normal())
+                step_model.observe(batch, rec.context[0], measured)
+        if (t + 1) % period or t + 1 < window:
+            continue
+        seen = ticks.arrivals[t + 1 - window : t + 1].sum(axis=0)
+        count = seen.sum()
+        prompt_tokens = seen @ means_in
+        uncached = seen @ ((1 - hits) * means_in)
+        ready = step_model.ready and count > 0
+        context = float(rec.context[0]) if fleet.running[0].sum() > 0 else None
+        line = step_model.line_at(context or float(prompt_tokens / count)) if ready else (None, None)
+        obs = Observation(
+            now_s=fleet.now_s,
+            prefill_workers=int(fleet.prefill_workers[0]), decode_workers=int(fleet.decode_workers[0]),
+            arrival_rate=count / window_s if count else None,
+            input_len=prompt_tokens / count if count else None,
+            output_len=float(seen @ means_out / count) if count else None,
+            hit_rate=1 - uncached / prompt_tokens if count else None,
+            prefill_supply=uncached / float(seen @ service) if count else None,  # tokens per busy second
+            step_intercept_s=line[0], step_per_seq_s=line[1],
+            kv_capacity_tokens=perf.kv_capacity_tokens,
+            conversions_in_flight=fleet.in_flight(0),
+            exposed_transfer_s=perf.exposed_transfer_s(prompt_tokens / count) if count else 0.0,
+            decode_context_tokens=context,
+        )
+        decision = policy.decide(obs)
+        if decision.action is Action.CONVERT_DECODE_TO_PREFILL:
+            fleet.start_conversion(0, DECODE)
+        elif decision.action is Action.CONVERT_PREFILL_TO_DECODE:
+            fleet.start_conversion(0, PREFILL)
+        if decision.action is not Action.HOLD:
+            conversions += 1
+            decisions.append({"t_s": fleet.now_s, "action": decision.action.value,
+                              "target": list(decision.target), "why": decision.explanation})
+    trace = Trace.stack(records)
+    return Outcome("controller", trace, scorer.score(trace, ticks.arrivals), conversions, decisions)
+
+
+def _column(score: Score, k: int) -> Score:
+    return Score(*(a[:, k : k + 1] for a in (score.arrived, score.good, score.mean_ttft_s, score.mean_tpot_s)))
