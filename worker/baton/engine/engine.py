@@ -145,7 +145,7 @@ class Engine:
         if not (batch.prefills or batch.decodes):
             return outputs
         started = time.perf_counter()
-        sampling, logits = self.runner.run(batch, layer_hook)
+        sampling, logits = self.runner.run(batch, layer_hook or _listener_hook(batch))
         for seq, n in batch.prefills:
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
@@ -192,6 +192,25 @@ class Engine:
             first_token_time=seq.first_token_time,
         )
 
+    def reconfigure(self, role: str | None = None, num_kv_blocks: int | None = None,
+                    max_num_batched_tokens: int | None = None, chunk_size: int | None = None) -> None:
+        """Reshard for a new role without reloading weights. The worker must be drained."""
+        busy = [s.request_id for s in self.sequences.values() if not s.is_finished]
+        if busy:
+            raise RuntimeError(f"cannot reconfigure with {len(busy)} requests in flight: drain first")
+        updates = {"role": role, "num_kv_blocks": num_kv_blocks,
+                   "max_num_batched_tokens": max_num_batched_tokens, "chunk_size": chunk_size}
+        for key, value in updates.items():
+            if value is not None:
+                setattr(self.config, key, value)
+        self.config.validate()
+        if num_kv_blocks is not None and num_kv_blocks != self.runner.num_blocks:
+            self.runner.resize_kv_cache(num_kv_blocks)
+            self.blocks = BlockManager(num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = self._new_scheduler()
+        self.sequences.clear()
+        self.stop_checkers.clear()
+
     # -- offline API ---------------------------------------------------------------------
     def generate(
         self,
@@ -216,6 +235,23 @@ class Engine:
         for rid in ids:
             self.release(rid)
         return [final[rid] for rid in ids]
+
+
+def _listener_hook(batch):
+    """One hook calling every prefill sequence's layer listener (the KV streamers)."""
+    listeners = [
+        (seq.layer_listener, seq.num_computed_tokens, seq.num_computed_tokens + n)
+        for seq, n in batch.prefills
+        if seq.layer_listener is not None
+    ]
+    if not listeners:
+        return None
+
+    def hook(layer, k_cache, v_cache):
+        for listener, start, end in listeners:
+            listener(layer, k_cache, v_cache, start, end)
+
+    return hook
 
 
 class EngineStats:

@@ -37,6 +37,9 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    # prefill side of a handoff: called after each layer with
+    # (layer, k_cache, v_cache, first token of this chunk, end of this chunk)
+    layer_listener: object | None = None
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from baton.engine.config import ModelConfig
 from baton.engine.models.rope import cos_sin_cache
+from torch import nn
 
 
 @dataclass

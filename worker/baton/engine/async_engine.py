@@ -1,0 +1,154 @@
+"""The step loop on its own thread, driven from asyncio (the worker server uses this).
+
+The engine itself is single-threaded: every call into it (add, abort, reserve, migrate)
+is queued and run on the engine thread between steps, so no locks are needed and an
+HTTP handler never blocks the event loop on model work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from baton.engine.engine import Engine
+from baton.engine.outputs import RequestOutput
+from baton.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (reported to that request's stream)."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, idle_wait_s: float = 0.05):
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="baton-engine", daemon=True)
+        # called on the engine thread after every step: fn(outputs, step_seconds, batch_tokens)
+        self.step_observers: list[Callable[[list[RequestOutput], float], None]] = []
+
+    def start(self) -> AsyncEngine:
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    # -- calls into the engine thread ------------------------------------------------
+    async def call(self, fn: Callable[..., Any], *args, timeout_s: float = 60.0, **kwargs) -> Any:
+        """Run fn(engine, *args, **kwargs) on the engine thread; return or raise its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((future, fn, args, kwargs))
+        self._wake.set()
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+
+    def open_stream(self, request_id: str) -> asyncio.Queue:
+        """Receive this request's outputs on the calling event loop (register before it runs)."""
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), q)
+        return q
+
+    def close_stream(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        prefill_only: bool = False,
+        token_timeout_s: float = 120.0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its outputs until it finishes; aborts it if abandoned."""
+        q = self.open_stream(request_id)
+        try:
+            await self.call(lambda e: e.add_request(prompt, params, request_id, prefill_only))
+        except BaseException:
+            self.close_stream(request_id)
+            raise
+        finished = False
+        try:
+            async for out in self.iterate(q, token_timeout_s):
+                finished = out.finished
+                yield out
+        finally:
+            self.close_stream(request_id)
+            if not finished:
+                await self.call(lambda e: e.abort(request_id) and e.release(request_id))
+
+    @staticmethod
+    async def iterate(q: asyncio.Queue, token_timeout_s: float) -> AsyncIterator[RequestOutput]:
+        while True:
+            item = await asyncio.wait_for(q.get(), token_timeout_s)
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    # -- the loop ------------------------------------------------------------------
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                future, fn, args, kwargs = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(self.engine, *args, **kwargs))
+            except BaseException as e:  # handed to the caller, never kills the loop
+                future.set_exception(e)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._run_commands()
+            if not self.engine.has_unfinished():
+                self._wake.wait(self.idle_wait_s)
+                self._wake.clear()
+                continue
+            started = time.perf_counter()
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # a bad step fails its requests, not the worker
+                log.exception("engine step failed")
+                self._fail_running(e)
+                continue
+            elapsed = time.perf_counter() - started
+            for observer in self.step_observers:
+                observer(outputs, elapsed)
+            for out in outputs:
+                self._deliver(out)
+
+    def _deliver(self, item: RequestOutput) -> None:
+        target = self._streams.get(item.request_id)
+        if item.finished and item.finish_reason != "prefill":
+            self.engine.release(item.request_id)  # bookkeeping only: blocks are already free
+        if target is not None:
+            loop, q = target
+            loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _fail_running(self, error: Exception) -> None:
+        for request_id, seq in list(self.engine.sequences.items()):
+            if seq.is_finished:
+                continue
+            self.engine.abort(request_id)
+            self.engine.release(request_id)
+            target = self._streams.get(request_id)
+            if target is not None:
+                loop, q = target
+                loop.call_soon_threadsafe(q.put_nowait, EngineError(f"engine step failed: {error}"))
