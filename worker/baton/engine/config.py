@@ -34,6 +34,11 @@ class ModelConfig:
     def from_hf(cls, cfg: dict) -> ModelConfig:
         """From a HF `config.json` dictionary."""
         heads = cfg["num_attention_heads"]
+        # transformers 5 keeps RoPE settings in `rope_parameters`; older configs at top level
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling")
+        if scaling is None and rope.get("rope_type", "default") != "default":
+            scaling = rope
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -45,8 +50,8 @@ class ModelConfig:
             num_kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=cfg.get("rope_theta", 10000.0),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=cfg.get("rope_theta", rope.get("rope_theta", 10000.0)),
+            rope_scaling=scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", cfg.get("model_type") == "qwen2"),

@@ -1,0 +1,86 @@
+"""Scheduling decisions: decodes first, chunked prefill under a budget, preemption."""
+
+from __future__ import annotations
+
+from baton.engine.block_manager import BlockManager
+from baton.engine.sampling import SamplingParams
+from baton.engine.scheduler import Scheduler
+from baton.engine.sequence import Sequence, SequenceStatus
+
+
+def make(num_blocks=64, block_size=4, budget=16, chunk=8, max_seqs=8):
+    bm = BlockManager(num_blocks, block_size)
+    return bm, Scheduler(bm, max_seqs, budget, chunk)
+
+
+def seq(n, rid):
+    return Sequence(rid, list(range(1000, 1000 + n)), SamplingParams())
+
+
+def complete(batch):
+    """Pretend the step ran: computed tokens advance, finished prompts sample one token."""
+    for s, n in batch.prefills:
+        s.num_computed_tokens += n
+        if s.num_computed_tokens == s.num_tokens:
+            s.token_ids.append(1)
+    for s in batch.decodes:
+        s.num_computed_tokens += 1
+        s.token_ids.append(1)
+
+
+def test_long_prompt_is_chunked_and_decodes_go_first():
+    bm, sched = make(budget=10, chunk=8)
+    short, long = seq(3, "short"), seq(20, "long")
+    sched.add(short)
+    sched.add(long)
+    first = sched.schedule()
+    assert [(s.request_id, n) for s, n in first.prefills] == [("short", 3), ("long", 7)]
+    complete(first)
+    second = sched.schedule()
+    assert second.decodes == [short]
+    assert [(s.request_id, n) for s, n in second.prefills] == [("long", 8)]
+    assert second.num_tokens <= 10
+
+
+def test_whole_prompt_mode_runs_a_long_prompt_alone():
+    bm, sched = make(budget=8, chunk=0)
+    long = seq(30, "long")
+    sched.add(long)
+    batch = sched.schedule()
+    assert batch.prefills == [(long, 30)]  # over budget, but the only prefill: not starved
+    sched.add(seq(5, "next"))
+    complete(batch)
+    batch = sched.schedule()
+    assert batch.decodes == [long]
+    assert [(s.request_id, n) for s, n in batch.prefills] == [("next", 5)]
+
+
+def test_out_of_blocks_preempts_the_newest_sequence():
+    bm, sched = make(num_blocks=4, block_size=4, budget=64, chunk=0)
+    a, b = seq(8, "a"), seq(7, "b")  # a: 2 blocks, b: 2 blocks -> pool full
+    sched.add(a)
+    sched.add(b)
+    complete(sched.schedule())
+    assert bm.num_free_blocks == 0
+    batch = sched.schedule()  # a's 9th token needs a third block
+    assert batch.preempted == [b] and batch.decodes == [a]
+    assert b.status == SequenceStatus.WAITING and b.block_table == [] and b.num_computed_tokens == 0
+    assert sched.waiting[0] is b
+
+
+def test_a_sequence_that_outgrows_the_whole_cache_is_ended():
+    bm, sched = make(num_blocks=2, block_size=4, budget=64, chunk=0)
+    a = seq(7, "a")
+    sched.add(a)
+    complete(sched.schedule())
+    complete(sched.schedule())  # token 8 still fits in block 2
+    batch = sched.schedule()  # token 9 needs a third block that does not exist
+    assert batch.out_of_kv == [a]
+
+
+def test_max_num_seqs_caps_the_running_batch():
+    bm, sched = make(max_seqs=2, budget=64)
+    for i in range(3):
+        sched.add(seq(4, f"s{i}"))
+    batch = sched.schedule()
+    assert len(batch.prefills) == 2 and len(sched.waiting) == 1
