@@ -30,6 +30,7 @@ class ModelRunner:
         self.model = LlamaModel(model_config, self.ops, dtype, max_positions=max_len)
         load_weights(self.model, tensors)
         self.model.to(device)
+        self.model.prepare()
         self.num_blocks = self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
 

@@ -51,13 +51,15 @@ def paged_decode_attention(
     # [B, L, Hkv, D] -> [B, Hkv, L, D]
     k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
     v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    positions = torch.arange(max_len, device=q.device)
-    mask = positions[None, :] < context_lens[:, None].to(q.device)  # [B, L]
+    mask = None
+    if batch > 1:  # one sequence sees its whole gathered context: no mask needed
+        positions = torch.arange(max_len, device=q.device)
+        mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, Hq, 1, D]
         k.to(q.dtype),
         v.to(q.dtype),
-        attn_mask=mask[:, None, None, :],
+        attn_mask=mask,
         scale=scale,
         enable_gqa=True,
     )

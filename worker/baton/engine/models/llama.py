@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from baton.engine.config import ModelConfig
+from baton.engine.kernels.cpu_linear import make_linear
 from baton.engine.models.rope import cos_sin_cache
 from torch import nn
 
@@ -53,6 +54,13 @@ class DecoderLayer(nn.Module):
         self.gate_up = empty(2 * i, h)
         self.down = empty(h, i)
 
+    def prepare(self) -> None:
+        """Build the matmul functions once the weights are in place (and on their device)."""
+        self.qkv_fn = make_linear(self.qkv, self.qkv_bias)
+        self.o_fn = make_linear(self.o_proj)
+        self.gate_up_fn = make_linear(self.gate_up)
+        self.down_fn = make_linear(self.down)
+
     def forward(
         self,
         positions: torch.Tensor,
@@ -70,7 +78,7 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
         n = hidden.shape[0]
-        qkv = F.linear(hidden, self.qkv, self.qkv_bias)
+        qkv = self.qkv_fn(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
@@ -78,9 +86,9 @@ class DecoderLayer(nn.Module):
         q, k = ops.rotary_embedding(positions, q, k, cos_sin)
         ops.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = self._attention(q, k, v, meta, k_cache, v_cache)
-        hidden = F.linear(attn.view(n, self.q_size), self.o_proj)
+        hidden = self.o_fn(attn.view(n, self.q_size))
         hidden, residual = ops.fused_add_rms_norm(hidden, residual, self.post_attention_norm, self.eps)
-        hidden = F.linear(ops.silu_and_mul(F.linear(hidden, self.gate_up)), self.down)
+        hidden = self.down_fn(ops.silu_and_mul(self.gate_up_fn(hidden)))
         return hidden, residual
 
     def _attention(self, q, k, v, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
@@ -123,6 +131,11 @@ class LlamaModel(nn.Module):
             persistent=False,
         )
 
+    def prepare(self) -> None:
+        for layer in self.layers:
+            layer.prepare()
+        self.lm_head_fn = make_linear(self.lm_head)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -143,4 +156,4 @@ class LlamaModel(nn.Module):
                 layer_hook(index, k_cache, v_cache)
         hidden = hidden[logits_indices]
         hidden, _ = self.ops.fused_add_rms_norm(hidden, residual[logits_indices], self.norm, self.cfg.rms_norm_eps)
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head_fn(hidden).float()
