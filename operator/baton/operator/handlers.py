@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 from baton.api import GROUP, PLURAL, VERSION
+from baton.autoscaler.daemon import register_autoscaler
 
 from . import labels
 from .config import OperatorConfig, configure
@@ -55,6 +56,8 @@ class _Api:
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     wakeups = _Wakeups()
     api = _Api()
+
+    register_autoscaler(registry, config, api.get)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -1,0 +1,102 @@
+"""From one period's FleetSnapshot to the policy's Observation (pure, with memory).
+
+Two kinds of input are treated differently:
+- traffic (arrival rate, lengths, hit rate) is only ever this window's measurement: when the
+  window saw no traffic it is unknown and the policy holds;
+- worker capacity (prefill supply, KV capacity, the decode step line) is a property of the
+  hardware and model, so the last measurement stays valid while the window has no work to
+  measure it with. Without it, a pool that is idle in one window could never be resized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .inputs import Observation
+from .metrics import FleetSnapshot, known
+from .step_model import DecodeStepModel
+
+MIN_KV_USAGE_FOR_CAPACITY = 0.02  # below this the usage ratio is too coarse to divide by
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """The split the actuator considers current: committed pool sizes, conversions running."""
+
+    prefill: int
+    decode: int
+    in_flight: int = 0
+
+
+def mean_context_tokens(input_len: float | None, output_len: float | None) -> float | None:
+    """Mean KV tokens of a running decode sequence: the prompt plus half the output so far."""
+    if known(input_len) is None or known(output_len) is None:
+        return None
+    return input_len + output_len / 2
+
+
+def kv_capacity_from_usage(running_per_worker: float | None, context_tokens: float | None,
+                           kv_usage: float | None) -> float | None:
+    """KV capacity tokens of one decode worker = resident tokens / usage ratio.
+
+    running_per_worker: sequences; context_tokens: KV tokens each; kv_usage: used fraction.
+    """
+    values = [known(v) for v in (running_per_worker, context_tokens, kv_usage)]
+    if any(v is None for v in values):
+        return None
+    running, context, usage = values
+    if running <= 0 or usage < MIN_KV_USAGE_FOR_CAPACITY:
+        return None
+    return running * context / usage
+
+
+class ObservationBuilder:
+    """Keeps the decode step model and the last worker-capacity measurements.
+
+    kv_capacity_tokens: per decode worker, when known from the engine configuration (blocks x
+    block size); None estimates it from KV usage. step_model_min_samples: decode samples the
+    step fit needs before it is trusted.
+    """
+
+    def __init__(self, kv_capacity_tokens: float | None = None,
+                 step_model: DecodeStepModel | None = None) -> None:
+        self.configured_kv_capacity = kv_capacity_tokens
+        self.step_model = step_model or DecodeStepModel(min_samples=3)
+        self.prefill_supply: float | None = None
+        self.kv_capacity: float | None = kv_capacity_tokens
+
+    def _learn(self, snap: FleetSnapshot, context: float | None) -> None:
+        if snap.prefill_supply is not None:
+            self.prefill_supply = snap.prefill_supply
+        if context is not None:
+            for sample in snap.step_samples:
+                self.step_model.observe(sample.batch, context, sample.step_s)
+        if self.configured_kv_capacity is None:
+            measured = kv_capacity_from_usage(snap.decode_running, context, snap.decode_kv_usage)
+            if measured is not None:
+                self.kv_capacity = measured
+
+    def build(self, snap: FleetSnapshot, pools: PoolState, now_s: float) -> Observation:
+        context = mean_context_tokens(snap.input_len, snap.output_len)
+        self._learn(snap, context)
+        line: tuple[float | None, float | None] = (None, None)
+        if self.step_model.ready and context is not None:
+            line = self.step_model.line_at(context)
+        return Observation(
+            now_s=now_s,
+            prefill_workers=pools.prefill,
+            decode_workers=pools.decode,
+            arrival_rate=snap.arrival_rate,
+            input_len=snap.input_len,
+            output_len=snap.output_len,
+            hit_rate=snap.hit_rate,
+            prefill_supply=self.prefill_supply,
+            step_intercept_s=line[0],
+            step_per_seq_s=line[1],
+            kv_capacity_tokens=self.kv_capacity,
+            conversions_in_flight=pools.in_flight,
+            local_share=snap.local_share or 0.0,
+            # Not on the required list: unmeasured exposure is no reason to hold, and the
+            # sizing treats 0 as "handoff fully hidden".
+            exposed_transfer_s=snap.exposed_transfer_s or 0.0,
+        )

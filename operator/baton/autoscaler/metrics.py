@@ -1,0 +1,185 @@
+"""What a control loop measures about a fleet, and the interface of the sources that measure it.
+
+A source (Prometheus, or direct scraping of the workers' `/metrics`) reduces the workers'
+counters to per-series rates over a window (`SeriesRates`); `summarise` turns those into one
+`FleetSnapshot`. Both sources share `summarise`, so they can only differ in how they obtain
+rates, never in what the rates mean. Anything not measured is None, never zero.
+
+Assumptions about the worker metrics (docs/contracts.md), stated once here:
+- a request finishes on a decode or colocated (`both`) worker, so those workers' E2E count
+  is the arrival rate in steady state (prefill workers and routers are not counted);
+- `baton_prompt_tokens_total` counts prompt tokens actually computed (prefix-cache hits
+  excluded) and `baton_prefill_busy_seconds_total` the time of steps that prefilled, so
+  their ratio is a worker's prefill supply in uncached tokens per busy second;
+- each prompt is looked up in the prefix cache once, on the worker that prefills it, so
+  prefix-cache queries per request are the mean input length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+FINISHING_ROLES = ("decode", "both")
+ROLES = ("prefill", "decode", "both")
+
+# Exposed sample name -> SeriesRates field, for counters (rated) and gauges (latest value).
+COUNTERS = {
+    "baton_e2e_request_latency_seconds_count": "requests",
+    "baton_prompt_tokens_total": "prompt_tokens",
+    "baton_generation_tokens_total": "generation_tokens",
+    "baton_prefix_cache_queries_total": "prefix_queries",
+    "baton_prefix_cache_hits_total": "prefix_hits",
+    "baton_prefill_busy_seconds_total": "prefill_busy",
+    "baton_inter_token_latency_seconds_sum": "itl_sum",
+    "baton_inter_token_latency_seconds_count": "itl_count",
+    "baton_kv_exposed_transfer_seconds_sum": "exposed_sum",
+    "baton_kv_exposed_transfer_seconds_count": "exposed_count",
+}
+GAUGES = {
+    "baton_num_requests_running": "running",
+    "baton_num_requests_waiting": "waiting",
+    "baton_kv_cache_usage_ratio": "kv_usage",
+}
+ROLE_GAUGE = "baton_worker_role"  # 1 on the series of the worker's current role
+
+
+class MetricsUnavailable(Exception):
+    """The source could not be read at all this period (as opposed to a missing series)."""
+
+
+@dataclass
+class SeriesRates:
+    """One worker's metrics under one `role` label value, rates in units per second.
+
+    A worker keeps its old role's series after a conversion, so one worker can have several;
+    `current` is True for the series of the role the worker reports now (baton_worker_role).
+    """
+
+    worker: str
+    role: str
+    current: bool = False
+    requests: float | None = None  # finished requests/s (E2E histogram count)
+    prompt_tokens: float | None = None  # computed prompt tokens/s
+    generation_tokens: float | None = None
+    prefix_queries: float | None = None  # prompt tokens looked up per s
+    prefix_hits: float | None = None
+    prefill_busy: float | None = None  # busy seconds per second
+    itl_sum: float | None = None  # inter-token latency seconds per second
+    itl_count: float | None = None  # inter-token gaps per second
+    exposed_sum: float | None = None  # exposed transfer seconds per second
+    exposed_count: float | None = None
+    running: float | None = None  # gauges, latest value
+    waiting: float | None = None
+    kv_usage: float | None = None
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One decode worker's mean step time at its mean batch over the window."""
+
+    worker: str
+    batch: float
+    step_s: float
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """The measured inputs of one period. None: not measured (no data, NaN, or 0/0)."""
+
+    arrival_rate: float | None
+    input_len: float | None
+    output_len: float | None
+    hit_rate: float | None
+    prefill_supply: float | None  # uncached prompt tokens/s of one prefill worker while busy
+    exposed_transfer_s: float | None
+    decode_kv_usage: float | None  # mean KV usage ratio of decode workers
+    decode_running: float | None  # mean running sequences per decode worker
+    local_share: float | None = None  # share of computed prompt tokens prefilled on decode workers
+    step_samples: tuple[StepSample, ...] = ()
+    pools: dict[str, int] = field(default_factory=dict)  # role -> workers reporting it
+    running: dict[str, float | None] = field(default_factory=dict)  # role -> running sequences
+    waiting: dict[str, float | None] = field(default_factory=dict)
+    workers: dict[str, str] = field(default_factory=dict)  # worker -> current role
+
+
+class MetricsSource(Protocol):
+    async def snapshot(self) -> FleetSnapshot:
+        """Measure the fleet now; raise MetricsUnavailable if nothing could be read."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def known(value: float | None) -> float | None:
+    """The value if it is a finite number, else None."""
+    if value is None or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator/denominator, None when either is unknown or the denominator is not positive."""
+    num, den = known(numerator), known(denominator)
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def _total(series: list[SeriesRates], name: str) -> float | None:
+    """Sum of a field over series; None if no series measured it."""
+    values = [v for s in series if (v := known(getattr(s, name))) is not None]
+    return sum(values) if values else None
+
+
+def _mean(values: list[float | None]) -> float | None:
+    found = [v for v in values if known(v) is not None]
+    return sum(found) / len(found) if found else None
+
+
+def summarise(series: list[SeriesRates]) -> FleetSnapshot:
+    """Reduce per-series rates to the fleet's measured inputs (pure)."""
+    current = [s for s in series if s.current]
+    workers = {s.worker: s.role for s in current}
+    finishing = [s for s in series if s.role in FINISHING_ROLES]
+    arrival = _total(finishing, "requests")
+    queries = _total(series, "prefix_queries")
+
+    prefill_series = [s for s in series if s.role == "prefill"]
+    supply = ratio(_total(prefill_series, "prompt_tokens"), _total(prefill_series, "prefill_busy"))
+    if supply is None:
+        # No disaggregated prefill in the window: local prefills on other roles still measure it.
+        supply = ratio(_total(series, "prompt_tokens"), _total(series, "prefill_busy"))
+
+    decode_now = [s for s in current if s.role == "decode"]
+    decode_series = {s.worker: s for s in series if s.role == "decode"}
+    samples = []
+    for gauge in decode_now:
+        rates = decode_series[gauge.worker]
+        step = ratio(rates.itl_sum, rates.itl_count)
+        batch = known(gauge.running)
+        if step is not None and batch is not None and batch > 0:
+            samples.append(StepSample(gauge.worker, batch, step))
+
+    pools = {role: sum(1 for r in workers.values() if r == role) for role in ROLES}
+    return FleetSnapshot(
+        arrival_rate=known(arrival),
+        input_len=ratio(queries, arrival),
+        output_len=ratio(_total(series, "generation_tokens"), arrival),
+        hit_rate=ratio(_total(series, "prefix_hits"), queries),
+        prefill_supply=supply,
+        exposed_transfer_s=ratio(_total(series, "exposed_sum"), _total(series, "exposed_count")),
+        decode_kv_usage=_mean([s.kv_usage for s in decode_now]),
+        decode_running=_mean([s.running for s in decode_now]),
+        step_samples=tuple(samples),
+        local_share=ratio(_total([s for s in series if s.role == "decode"], "prompt_tokens"),
+                          _total([s for s in series if s.role in ("prefill", "decode")],
+                                 "prompt_tokens")),
+        pools=pools,
+        running={role: _total([s for s in current if s.role == role], "running")
+                 for role in ROLES if pools[role]},
+        waiting={role: _total([s for s in current if s.role == role], "waiting")
+                 for role in ROLES if pools[role]},
+        workers=workers,
+    )

@@ -1,0 +1,119 @@
+"""Actuators: the PDDeployment spec patch (pure), and local conversions over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+from baton.api import parse_spec
+from baton.autoscaler.actuator import ActuationError
+from baton.autoscaler.estimate import PoolState
+from baton.autoscaler.inputs import Action, Decision
+from baton.autoscaler.kube_actuator import pending_conversions, pool_state, spec_patch
+from baton.autoscaler.ray_actuator import RayActuator, WorkerState, choose_worker, committed_split
+from baton.operator.planning import PodView
+from fleet_harness import FakeWorker
+
+
+def pod(name, role, state="active", ready=True, created="2025-01-01T00:00:00Z"):
+    return PodView.of({
+        "metadata": {"name": name, "creationTimestamp": created,
+                     "labels": {"baton.dev/role": role, "baton.dev/state": state}},
+        "status": {"phase": "Running", "podIP": "10.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    })
+
+
+def decision(action, current, target):
+    return Decision(action, current, target, target, "because")
+
+
+SPEC = parse_spec({"image": "w", "prefill": {"replicas": 1}, "decode": {"replicas": 2}})
+
+
+def test_conversion_patch_names_the_newest_serving_pod_and_the_new_sizes():
+    pods = [pod("p1", "prefill"), pod("d-old", "decode"),
+            pod("d-new", "decode", created="2025-02-01T00:00:00Z"),
+            pod("d-unready", "decode", ready=False, created="2025-03-01T00:00:00Z")]
+    patch = spec_patch(SPEC, pods, decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
+    assert patch == {"spec": {"prefill": {"replicas": 2}, "decode": {"replicas": 1},
+                              "conversions": [{"pod": "d-new", "toRole": "prefill"}]}}
+
+
+def test_pending_conversions_are_kept_and_finished_ones_dropped():
+    spec = parse_spec({**SPEC.model_dump(by_alias=True), "conversions": [
+        {"pod": "done", "toRole": "prefill"}, {"pod": "busy", "toRole": "prefill"},
+        {"pod": "gone", "toRole": "decode"}]})
+    pods = [pod("done", "prefill"), pod("busy", "decode", state="draining"), pod("p", "prefill"),
+            pod("d", "decode")]
+    assert pending_conversions(spec, pods) == [{"pod": "busy", "toRole": "prefill"}]
+    assert pool_state(spec, pods) == PoolState(1, 2, in_flight=1)
+    patch = spec_patch(spec, pods, decision(Action.CONVERT_PREFILL_TO_DECODE, (2, 1), (1, 2)))
+    assert patch["spec"]["conversions"] == [{"pod": "busy", "toRole": "prefill"},
+                                            {"pod": "p", "toRole": "decode"}]
+
+
+def test_scaling_patches_sizes_only_and_nothing_to_convert_is_an_error():
+    patch = spec_patch(SPEC, [], decision(Action.SCALE_POOLS, (1, 2), (2, 3)))
+    assert patch == {"spec": {"prefill": {"replicas": 2}, "decode": {"replicas": 3}}}
+    with pytest.raises(ActuationError, match="no serving decode pod"):
+        spec_patch(SPEC, [pod("d", "decode", state="draining")],
+                   decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
+
+
+def test_local_choice_and_split():
+    states = [WorkerState("a", "decode", "active", 5), WorkerState("b", "decode", "active", 1),
+              WorkerState("c", "prefill", "active", 0), WorkerState("e", "decode", "draining", 0)]
+    assert choose_worker(states, "decode", set()).url == "b"
+    assert choose_worker(states, "decode", {"b"}).url == "a"
+    assert committed_split(states, {"b": "prefill"}) == PoolState(2, 2, in_flight=2)
+
+
+@pytest.mark.asyncio
+async def test_local_conversion_drains_with_peers_then_switches_role():
+    workers = [FakeWorker("prefill"), FakeWorker("decode", drain_polls=2), FakeWorker("decode")]
+    for worker in workers:
+        await worker.start()
+    events = []
+    actuator = RayActuator([w.url for w in workers], token="secret", poll_s=0.01,
+                           on_event=lambda reason, message: events.append(reason))
+    try:
+        assert await actuator.pools() == PoolState(1, 2, 0)
+        done = await actuator.apply(decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
+        assert "to prefill" in done
+        assert (await actuator.pools()).in_flight == 1
+        await actuator.wait_idle()
+        assert await actuator.pools() == PoolState(2, 1, 0)
+        with pytest.raises(ActuationError, match="no pool-scaling hook"):
+            await actuator.apply(decision(Action.SCALE_POOLS, (2, 1), (2, 2)))
+    finally:
+        await actuator.aclose()
+        for worker in workers:
+            await worker.stop()
+    converted = next(w for w in workers[1:] if w.metrics.role == "prefill")
+    other = next(w for w in workers[1:] if w is not converted)
+    methods = [(m, p) for m, p, _ in converted.calls]
+    assert methods[0] == ("POST", "/internal/drain")
+    assert converted.calls[0][2] == {"peers": [other.url]}
+    assert methods[-1] == ("POST", "/internal/role") and converted.calls[-1][2] == {"role": "prefill"}
+    assert events == ["ConversionStarted", "ConversionFinished"]
+
+
+@pytest.mark.asyncio
+async def test_local_drain_deadline_and_scaling_hook():
+    stuck = FakeWorker("decode", drain_polls=10_000)
+    await stuck.start()
+    asked = []
+
+    async def scale(prefill, decode):
+        asked.append((prefill, decode))
+
+    events = []
+    actuator = RayActuator([stuck.url], drain_timeout_s=0.05, poll_s=0.01, scale=scale,
+                           on_event=lambda reason, message: events.append(reason))
+    try:
+        assert await actuator.convert(stuck.url, "decode", "prefill", [])
+        await actuator.apply(decision(Action.SCALE_POOLS, (1, 1), (1, 3)))
+    finally:
+        await actuator.aclose()
+        await stuck.stop()
+    assert events == ["ConversionStarted", "DrainTimeout", "ConversionFinished"]
+    assert asked == [(1, 3)]
