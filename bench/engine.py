@@ -48,7 +48,6 @@ def matmul_peak(dtype: torch.dtype, device: str, runs: int, reps: int = 10) -> f
         b = torch.randn(k, n, dtype=dtype, device=device)
         for _ in range(3):
             a @ b
-
         seconds = statistics.median(
             timed(lambda a=a, b=b: [a @ b for _ in range(reps)], device) for _ in range(runs)
         )

@@ -148,7 +148,7 @@ def rotary_embedding(
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation on a fused [gate | up] projection: silu(gate) * up."""
     gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)
 
 
 def pack_kv_blocks(
