@@ -7,7 +7,9 @@ STAMP      := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast lint bench-engine clean
+IMAGE_TAG  ?= 0.1.0
+
+.PHONY: install run test test-fast lint bench-engine images clean
 
 install: $(STAMP)
 
@@ -35,6 +37,12 @@ lint: install
 
 bench-engine: install
 	$(BIN)/python bench/engine.py
+
+# container images for Kubernetes (needs a Docker engine)
+images:
+	docker build -f operator/Dockerfile -t baton-operator:$(IMAGE_TAG) .
+	docker build -f worker/Dockerfile -t baton-worker:$(IMAGE_TAG) .
+	docker build -f worker/Dockerfile --build-arg DEVICE=cuda -t baton-worker:$(IMAGE_TAG)-cuda .
 
 clean:
 	rm -rf $(VENV) .pytest_cache
