@@ -1,4 +1,4 @@
-"""`baton demo` (engine only): load a model and stream one chat answer to the terminal."""
+"""`baton chat`: the engine alone, in this process: load a model, stream one chat answer."""
 
 from __future__ import annotations
 
