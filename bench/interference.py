@@ -1,0 +1,103 @@
+"""The headline experiment: does disaggregation protect decode from long prefills?
+
+Same machine, same workload for every setup: `--streams` concurrent short streams (64-token
+prompts, 256 output tokens) plus a 2,000-token prompt every `--long-every` seconds.
+  A  2 colocated workers, whole-prompt prefill (chunk 0)
+  B  2 colocated workers, chunked prefill (256)
+  C  1 prefill + 1 decode worker (short prompts prefill locally below the threshold)
+  C0 the same as C without long prompts (its ITL is the reference for C's p99)
+Writes one JSON per setup plus a summary and timeline PNGs to bench/results/.
+
+    python bench/interference.py --duration 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from baton.loadgen.main import add_arguments as bench_arguments
+from baton.loadgen.main import bench, print_report
+from baton.loadgen.records import records_from_json
+from baton.loadgen.timeline import plot_timeline
+from baton.local.runtime import LocalStack, StackSpec
+
+SETUPS = {
+    "A": dict(colocated=2, chunk_size=0),
+    "B": dict(colocated=2, chunk_size=256),
+    "C": dict(prefill=1, decode=1),
+    "C0": dict(prefill=1, decode=1),
+}
+
+
+def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict:
+    spec = StackSpec(port=0, disagg_threshold=str(args.threshold), **SETUPS[name])
+    stack = LocalStack(spec).start()
+    try:
+        parser = argparse.ArgumentParser()
+        bench_arguments(parser)
+        longs_every = 1e9 if name == "C0" else args.long_every
+        bench_args = parser.parse_args([
+            "--url", stack.url, "--dataset", "interference", "--concurrency", str(args.streams),
+            "--input-len", "64", "--output-len", "256", "--long-input-len", str(args.long_len),
+            "--long-output-len", "8", "--long-every", str(longs_every), "--duration", str(args.duration),
+            "--slo", args.slo, "--label", f"interference {name}", "--no-progress"])
+        result = asyncio.run(bench(bench_args))
+    finally:
+        stack.stop()
+    print_report(result)
+    (out / f"interference_{name}.json").write_text(json.dumps(result, indent=1))
+    plot_timeline(records_from_json(result), str(out / f"interference_{name}.png"),
+                  f"{name}: {SETUPS[name]}")
+    return result
+
+
+def headline(results: dict[str, dict]) -> dict:
+    def short(name: str) -> dict:
+        r = results[name]
+        return r.get("by_kind", {}).get("short", r["summary"])
+
+    def long(name: str) -> dict | None:
+        return results[name].get("by_kind", {}).get("long")
+
+    table = {}
+    for name, r in results.items():
+        s, lg = short(name), long(name)
+        table[name] = {"itl_p50_ms": s["itl"]["p50_ms"], "itl_p99_ms": s["itl"]["p99_ms"],
+                       "short_ttft_p50_ms": s["ttft"]["p50_ms"],
+                       "long_ttft_p50_ms": lg["ttft"]["p50_ms"] if lg else None,
+                       "output_throughput": r["summary"]["output_throughput"],
+                       "goodput": r["summary"]["goodput"]}
+    checks = {}
+    if {"A", "C", "C0"} <= set(table):
+        c, a, c0 = table["C"], table["A"], table["C0"]
+        checks["C_p99_itl_over_C0_p50"] = c["itl_p99_ms"] / c0["itl_p50_ms"]  # target <= 1.3
+        checks["C_p99_itl_over_A_p99"] = c["itl_p99_ms"] / a["itl_p99_ms"]  # target <= 0.3
+        if c["long_ttft_p50_ms"] and a["long_ttft_p50_ms"]:
+            checks["C_long_ttft_over_A"] = c["long_ttft_p50_ms"] / a["long_ttft_p50_ms"]
+    return {"setups": table, "checks": checks}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setups", default="C0,A,B,C")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--long-len", type=int, default=2000)
+    parser.add_argument("--long-every", type=float, default=8.0)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--threshold", default="256", help="router disaggregation threshold for C")
+    parser.add_argument("--slo", default="ttft=5s,tpot=200ms")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {name: run_setup(name, args, out) for name in args.setups.split(",")}
+    summary = headline(results)
+    (out / "interference_summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

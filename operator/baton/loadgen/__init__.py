@@ -1,0 +1,1 @@
+"""`baton bench`: an async load generator for OpenAI-compatible streaming endpoints."""

@@ -1,0 +1,175 @@
+"""Start and stop the local stack: Ray, one actor per server process, health waits.
+
+`baton up` and `baton demo` use LocalStack; tests use it too (its stop() is what makes
+"no orphan processes" true).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from baton.local.plan import plan_roles, plan_workers, worker_args
+from baton.local.process_actor import ServerProcess
+
+WORKER_MODULE = "baton.server.main"
+ROUTER_MODULE = "baton.router.main"
+
+
+@dataclass
+class StackSpec:
+    prefill: int = 0
+    decode: int = 0
+    colocated: int = 0
+    chunk_size: int | None = None
+    port: int = 8000
+    model: str | None = None
+    address: str | None = None  # join this Ray cluster instead of starting one
+    disagg_threshold: str | None = None
+    worker_args: list[str] = field(default_factory=list)  # passed through to every worker
+    router_args: list[str] = field(default_factory=list)
+    log_dir: str | None = None
+    ready_timeout_s: float = 300.0
+
+
+@dataclass
+class RunningServer:
+    name: str
+    role: str
+    url: str
+    actor: object
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalStack:
+    def __init__(self, spec: StackSpec):
+        self.spec = spec
+        self.token = secrets.token_hex(16)
+        self.workers: list[RunningServer] = []
+        self.router: RunningServer | None = None
+        self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="baton-up-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._started_ray = False
+
+    @property
+    def url(self) -> str:
+        return self.router.url if self.router else ""
+
+    def start(self) -> LocalStack:
+        import ray
+
+        roles = plan_roles(self.spec.prefill, self.spec.decode, self.spec.colocated)
+        if self.spec.address:
+            ray.init(address=self.spec.address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=len(roles) + 1, include_dashboard=False, log_to_driver=False)
+            self._started_ray = True
+        remote = ray.remote(num_cpus=0)(ServerProcess)
+        try:
+            self._start_workers(remote, roles)
+            self._start_router(remote)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_workers(self, remote, roles: list[str]) -> None:
+        cores = sorted(os.sched_getaffinity(0))
+        plans = plan_workers(roles, cores)
+        local = not self.spec.address
+        host = "127.0.0.1" if local else "0.0.0.0"
+        ports = [(free_port(), free_port()) for _ in plans]
+        advertise = "127.0.0.1"  # on a joined cluster each actor reports its node below
+        env = {"BATON_INTERNAL_TOKEN": self.token}
+        actors = []
+        for plan in plans:
+            log = str(self.log_dir / f"worker-{plan.index}-{plan.role}.log")
+            actors.append(remote.options(name=f"baton-worker-{plan.index}-{os.getpid()}").remote(
+                WORKER_MODULE, [], env, log))
+        import ray
+
+        ips = [advertise] * len(plans) if local else ray.get([a.node_ip.remote() for a in actors])
+        urls = [f"http://{ip}:{port}" for ip, (port, _) in zip(ips, ports)]
+        decode_urls = [u for u, p in zip(urls, plans) if p.role in ("decode", "both")]
+        for plan, actor, url, ip, (port, kv_port) in zip(plans, actors, urls, ips, ports):
+            peers = [u for u in decode_urls if u != url]
+            args = worker_args(plan, port, kv_port, host, ip, self.spec.model, self.spec.chunk_size,
+                               peers, self.spec.worker_args)
+            ray.get(actor.configure.remote(WORKER_MODULE, args))
+            ray.get(actor.start.remote())
+            self.workers.append(RunningServer(f"worker-{plan.index}", plan.role, url, actor))
+        for worker in self.workers:
+            self._wait_ready(worker, "/ready")
+
+    def _start_router(self, remote) -> None:
+        import ray
+
+        port = self.spec.port or free_port()
+        args = ["--host", "127.0.0.1" if not self.spec.address else "0.0.0.0", "--port", str(port),
+                "--workers", ",".join(w.url for w in self.workers)]
+        if self.spec.model:
+            args += ["--model", self.spec.model]
+        if self.spec.disagg_threshold is not None:
+            args += ["--disagg-threshold", str(self.spec.disagg_threshold)]
+        args += self.spec.router_args
+        env = {"BATON_INTERNAL_TOKEN": self.token}
+        actor = remote.options(name=f"baton-router-{os.getpid()}").remote(
+            ROUTER_MODULE, args, env, str(self.log_dir / "router.log"))
+        ray.get(actor.start.remote())
+        self.router = RunningServer("router", "router", f"http://127.0.0.1:{port}", actor)
+        self._wait_ready(self.router, "/ready")
+
+    def _wait_ready(self, server: RunningServer, path: str) -> None:
+        import ray
+
+        deadline = time.monotonic() + self.spec.ready_timeout_s
+        with httpx.Client(timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                try:
+                    if http.get(server.url + path).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                code = ray.get(server.actor.poll.remote())
+                if code is not None:
+                    raise RuntimeError(f"{server.name} exited with code {code}; see {self._log_of(server)}")
+                time.sleep(0.2)
+        raise TimeoutError(f"{server.name} was not ready within {self.spec.ready_timeout_s:.0f}s; "
+                           f"see {self._log_of(server)}")
+
+    def _log_of(self, server: RunningServer) -> Path:
+        return next(iter(sorted(self.log_dir.glob(f"{server.name}*.log"))), self.log_dir)
+
+    def pids(self) -> list[int]:
+        """Every process this stack started through its actors (actors and servers)."""
+        import ray
+
+        found: list[int] = []
+        for server in [*self.workers, *([self.router] if self.router else [])]:
+            found += ray.get(server.actor.pids.remote())
+        return found
+
+    def stop(self) -> None:
+        import ray
+
+        servers = ([self.router] if self.router else []) + list(reversed(self.workers))
+        for server in servers:  # the router first: no new work reaches a stopping worker
+            try:
+                ray.get(server.actor.stop.remote(), timeout=20)
+            except Exception:
+                pass  # the kill below still takes the server down (PDEATHSIG)
+            ray.kill(server.actor)
+        self.workers, self.router = [], None
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()

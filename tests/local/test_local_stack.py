@@ -1,0 +1,133 @@
+"""System tests: `baton up` (Ray, real workers, the router) driven by the official OpenAI
+client. One stack for the module: 1 prefill + 1 decode worker, float32, a small KV pool,
+and a fixed disaggregation threshold so short prompts stay local and long ones go remote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import openai
+import pytest
+from stack_harness import UpProcess, alive
+
+pytestmark = pytest.mark.slow
+THRESHOLD = 48  # tokens: below, the decode worker prefills locally
+WORKER_ARGS = ["--worker-arg=--dtype=float32", "--worker-arg=--num-kv-blocks=384",
+               "--worker-arg=--max-num-seqs=64"]
+LONG_PROMPT = ("Baton moves the KV cache from a prefill worker to a decode worker, like the baton of a "
+               "relay race. The prefill worker computes the prompt; the decode worker streams tokens. ") * 2
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    up = UpProcess(["--prefill", "1", "--decode", "1", "--port", "0",
+                    "--disagg-threshold", str(THRESHOLD), *WORKER_ARGS], tmp_path_factory.mktemp("up"))
+    try:
+        up.wait_up()
+        yield up
+    finally:
+        up.stop()
+
+
+@pytest.fixture(scope="module")
+def api(stack):
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(api) -> str:
+    return api.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from baton.engine.engine import Engine
+
+    return Engine(dtype="float32", threads=1, num_kv_blocks=256)
+
+
+def routes(stack) -> dict[str, float]:
+    text = httpx.get(f"{stack.url}/metrics").text
+    return {m[0]: float(m[1]) for m in re.findall(r'baton_router_routes_total\{path="(\w+)"\} (\S+)', text)}
+
+
+def test_chat_and_completions_stream_and_not(api, model):
+    chat = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi!"}],
+                                       max_tokens=8, temperature=0)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens <= 8
+    pieces = [c.choices[0].delta.content or "" for c in api.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi!"}], max_tokens=8, temperature=0,
+        stream=True) if c.choices]
+    assert "".join(pieces) == chat.choices[0].message.content
+    done = api.completions.create(model=model, prompt="The sky is", max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert done.usage.completion_tokens == 6 and done.choices[0].finish_reason == "length"
+    streamed = "".join(c.choices[0].text for c in api.completions.create(
+        model=model, prompt="The sky is", max_tokens=6, temperature=0, stream=True,
+        extra_body={"ignore_eos": True}))
+    assert streamed == done.choices[0].text
+
+
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_greedy_output_equals_the_offline_engine(api, model, engine, stack, path):
+    from baton.engine.sampling import SamplingParams
+
+    prompt = "Q: What is the capital of France?\nA:" if path == "local" else LONG_PROMPT + f" ({path})"
+    ids = engine.tokenizer.encode(prompt)
+    assert (len(ids) < THRESHOLD) == (path == "local")
+    before = routes(stack).get(path, 0)
+    offline = engine.generate([ids], SamplingParams(max_tokens=24, temperature=0.0))[0]
+    served = api.completions.create(model=model, prompt=ids, max_tokens=24, temperature=0)
+    assert served.choices[0].text == offline.text
+    assert served.usage.completion_tokens == len(offline.token_ids)
+    assert routes(stack).get(path, 0) == before + 1  # it really took that path
+
+
+def test_fifty_concurrent_requests_all_complete(stack, model):
+    async def main():
+        client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=0, timeout=240)
+
+        async def one(i: int) -> int:
+            kwargs = dict(model=model, prompt=f"Count to {i}:", max_tokens=8, extra_body={"ignore_eos": True})
+            if i % 2:
+                return (await client.completions.create(**kwargs)).usage.completion_tokens
+            stream = await client.completions.create(**kwargs, stream=True)
+            return len([c async for c in stream if c.choices and c.choices[0].text])
+
+        return await asyncio.gather(*(one(i) for i in range(50)))
+
+    counts = asyncio.run(main())
+    assert len(counts) == 50 and all(c >= 1 for c in counts)
+
+
+def test_bad_inputs_get_4xx(stack, model):
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        assert http.post("/v1/chat/completions", content=b"{oops",
+                         headers={"content-type": "application/json"}).status_code == 400
+        cases = [{"model": "missing", "prompt": "x"}, {"model": model, "prompt": "x", "max_tokens": -1},
+                 {"model": model, "prompt": "x", "max_tokens": 10**8},
+                 {"model": model, "prompt": [7] * 9000}, {"model": model, "prompt": "x", "n": 2}]
+        for body in cases:
+            r = http.post("/v1/completions", json=body)
+            assert 400 <= r.status_code < 500 and r.json()["error"]["message"], body
+        assert http.post("/v1/chat/completions", json={"model": model}).status_code == 400
+
+
+def test_sigterm_stops_every_process(tmp_path):
+    up = UpProcess(["--colocated", "1", "--port", "0", *WORKER_ARGS], tmp_path)
+    try:
+        url = up.wait_up()
+        started = up.descendants()
+        assert any("baton.server.main" in " ".join(p.cmdline()) for p in started)
+        assert httpx.get(f"{url}/health").status_code == 200
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    deadline = time.monotonic() + 30
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert alive(started) == [], "orphans left behind"

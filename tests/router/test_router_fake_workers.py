@@ -1,0 +1,168 @@
+"""The real router against loopback fake workers: both paths, every recovery, the errors.
+
+The fake workers 'generate' a fixed script (see fake_worker.py), so the expected text is
+known without a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from router_harness import running_router
+
+pytestmark = pytest.mark.asyncio
+TOKEN = "internal-secret"
+
+
+@pytest.fixture
+def expected(model_info, script) -> str:
+    return model_info.tokenizer.decode(script)
+
+
+def client(url: str, key: str = "none") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=20)
+
+
+async def collect(stream) -> tuple[str, str | None]:
+    text, reason = "", None
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].text or ""
+            reason = chunk.choices[0].finish_reason or reason
+    return text, reason
+
+
+async def test_local_path_stream_and_not(fake_workers, model_info, expected):
+    decode = await fake_workers("decode", token=TOKEN)
+    async with running_router(model_info, [decode.url], internal_token=TOKEN) as url:
+        api = client(url)
+        done = await api.completions.create(model="smollm2", prompt="Q:", max_tokens=100)
+        assert done.choices[0].text == expected and done.choices[0].finish_reason == "stop"
+        assert done.usage.completion_tokens == len(model_info.tokenizer.encode(expected)) + 1
+        text, reason = await collect(await api.completions.create(
+            model="smollm2", prompt="Q:", max_tokens=100, stream=True))
+        assert (text, reason) == (expected, "stop")
+        chat = await api.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 3
+        pieces = []
+        async for c in await api.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "hi"}], stream=True,
+                stream_options={"include_usage": True}):
+            if c.choices:
+                pieces.append(c.choices[0].delta.content or "")
+            else:
+                assert c.usage.prompt_tokens > 0
+        assert "".join(pieces) == expected
+    assert decode.auth_failures == 0 and len(decode.paths("generate")) == 4
+
+
+async def test_remote_path_with_refused_reservation_and_failed_prefill(fake_workers, model_info, expected):
+    d1, d2 = await fake_workers("decode"), await fake_workers("decode")
+    p1, p2 = await fake_workers("prefill"), await fake_workers("prefill")
+    d1.refuse_reserves = d2.refuse_reserves = 1  # first choice refuses, the other takes it
+    p1.fail_prefills = p2.fail_prefills = 1  # first prefill fails: new reservation, other worker
+    async with running_router(model_info, [d1.url, d2.url, p1.url, p2.url], disagg_threshold=0) as url:
+        text, reason = await collect(await client(url).completions.create(
+            model="smollm2", prompt="Q:", max_tokens=100, stream=True))
+    assert (text, reason) == (expected, "stop")
+    prefills = p1.paths("prefill") + p2.paths("prefill")
+    assert len(prefills) == 2 and prefills[0] != prefills[1]  # the retry used a new request id
+    assert len(d1.aborted + d2.aborted) >= 1  # the failed attempt's reservation was given back
+
+
+async def test_prefill_pool_down_falls_back_to_local(fake_workers, model_info, expected):
+    decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
+    prefill.fail_prefills = 5
+    async with running_router(model_info, [decode.url, prefill.url], disagg_threshold=0) as url:
+        done = await client(url).completions.create(model="smollm2", prompt="Q:", max_tokens=100)
+    assert done.choices[0].text == expected
+    assert len(decode.paths("generate")) == 1
+
+
+async def test_short_prompt_stays_local_long_goes_remote(fake_workers, model_info):
+    decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
+    async with running_router(model_info, [decode.url, prefill.url], disagg_threshold=50) as url:
+        api = client(url)
+        await api.completions.create(model="smollm2", prompt="short", max_tokens=2)
+        await api.completions.create(model="smollm2", prompt=[100] * 80, max_tokens=2)
+        # same long prompt again: the decode worker already holds it, so it is short now
+        await api.completions.create(model="smollm2", prompt=[100] * 80, max_tokens=2)
+    assert len(decode.paths("generate")) == 2 and len(prefill.paths("prefill")) == 1
+
+
+async def test_decode_worker_lost_mid_stream_resumes_elsewhere(fake_workers, model_info, expected):
+    d1, d2 = await fake_workers("decode"), await fake_workers("decode")
+    d1.die_after_tokens = d2.die_after_tokens = 3  # each dies once, after 3 tokens
+    async with running_router(model_info, [d1.url, d2.url]) as url:
+        text, reason = await collect(await client(url).completions.create(
+            model="smollm2", prompt="Q:", max_tokens=100, stream=True))
+    assert (text, reason) == (expected, "stop")
+    resumed = d1.paths("generate") + d2.paths("generate")
+    base = min(resumed, key=len)
+    assert sorted(resumed) == [base, f"{base}-r1", f"{base}-r2"]
+
+
+async def test_draining_worker_gets_no_new_work(fake_workers, model_info):
+    d1, d2 = await fake_workers("decode"), await fake_workers("decode")
+    d1.state = "draining"
+    async with running_router(model_info, [d1.url, d2.url]) as url:
+        for _ in range(3):
+            await client(url).completions.create(model="smollm2", prompt="Q:", max_tokens=2)
+    assert d1.paths("generate") == [] and len(d2.paths("generate")) == 3
+
+
+async def test_bad_inputs_get_openai_errors(fake_workers, model_info):
+    decode = await fake_workers("decode")
+    async with running_router(model_info, [decode.url]) as url, httpx.AsyncClient(base_url=url) as http:
+        r = await http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        cases = [("/v1/completions", {"model": "nope", "prompt": "x"}, 404),
+                 ("/v1/chat/completions", {"model": "smollm2"}, 400),
+                 ("/v1/completions", {"prompt": "x", "max_tokens": -5}, 400),
+                 ("/v1/completions", {"prompt": "x", "max_tokens": 10**7}, 400),
+                 ("/v1/completions", {"prompt": [5] * (model_info.max_model_len + 1)}, 400),
+                 ("/v1/completions", {"prompt": "x", "n": 3}, 400)]
+        for path, body, status in cases:
+            r = await http.post(path, json=body)
+            assert r.status_code == status, (body, r.text)
+            assert "message" in r.json()["error"]
+        assert (await http.get("/v1/models")).json()["data"][0]["id"] == "smollm2"
+        assert b"baton_router_requests_total" in (await http.get("/metrics")).content
+
+
+async def test_api_key_and_admission_limit(fake_workers, model_info):
+    decode = await fake_workers("decode", token_delay_s=0.05)
+    async with running_router(model_info, [decode.url], api_key="k", max_running=1, max_waiting=0) as url:
+        with pytest.raises(openai.AuthenticationError):
+            await client(url, "wrong").completions.create(model="smollm2", prompt="x", max_tokens=2)
+        api = client(url, "k")
+        first = asyncio.create_task(api.completions.create(model="smollm2", prompt="x", max_tokens=5))
+        await asyncio.sleep(0.1)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": "Bearer k"}) as http:
+            r = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert (await first).choices[0].finish_reason == "length"
+
+
+async def test_no_workers_is_a_clear_503(model_info):
+    from baton.router.dispatch import Deadlines
+
+    async with running_router(model_info, ["http://127.0.0.1:9"], wait_ready=False,
+                              deadlines=Deadlines(no_worker_wait_s=0.3)) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            r = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 503 and "decode worker" in r.json()["error"]["message"]
+
+
+async def test_fifty_concurrent_requests(fake_workers, model_info, expected):
+    workers = [await fake_workers("decode"), await fake_workers("decode")]
+    async with running_router(model_info, [w.url for w in workers]) as url:
+        api = client(url)
+        results = await asyncio.gather(*(api.completions.create(
+            model="smollm2", prompt=f"Q{i}", max_tokens=100) for i in range(50)))
+    assert all(r.choices[0].text == expected for r in results)
+    assert min(len(w.paths("generate")) for w in workers) >= 10  # load was spread

@@ -1,0 +1,118 @@
+"""Routing policy, threshold and admission: pure logic, no servers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from baton.router.admission import AdmissionQueue, Overloaded
+from baton.router.policy import PrefixIndex, WorkerSnapshot, choose_path, rank_decode, rank_prefill
+from baton.router.threshold import ThresholdEstimator, parse_threshold, threshold_tokens
+from baton.router.worker_metrics import counter_deltas, parse_worker_counters
+
+
+def w(url, role="decode", **kw) -> WorkerSnapshot:
+    return WorkerSnapshot(url=url, role=role, **kw)
+
+
+def test_decode_prefers_free_kv_then_fewest_running():
+    workers = [w("a", running=5), w("b", running=1), w("c", running=0, kv_usage=0.99),
+               w("d", role="both", running=1, kv_usage=0.2), w("p", role="prefill")]
+    assert [x.url for x in rank_decode(workers)] == ["b", "d", "a", "c"]
+
+
+def test_router_inflight_counts_as_load():
+    workers = [w("a", running=1), w("b", running=0, inflight=3)]
+    assert rank_decode(workers)[0].url == "a"
+
+
+@pytest.mark.parametrize("bad", [dict(state="draining"), dict(state="resharding"), dict(healthy=False)])
+def test_draining_or_unhealthy_workers_get_no_work(bad):
+    assert [x.url for x in rank_decode([w("a", **bad), w("b", running=9)])] == ["b"]
+    assert rank_prefill([w("p", role="prefill", **bad)], [1, 2], PrefixIndex()) == []
+
+
+def test_prefill_prefers_longest_cached_prefix_then_shortest_queue():
+    index = PrefixIndex()
+    hashes = [11, 22, 33, 44]
+    index.record("p1", [11, 22])
+    index.record("p2", [11, 22, 33])
+    workers = [w("p1", "prefill"), w("p2", "prefill", waiting=4), w("p3", "prefill")]
+    assert [x.url for x in rank_prefill(workers, hashes, index)] == ["p2", "p1", "p3"]
+    assert [x.url for x in rank_prefill(workers, [99], index)] == ["p1", "p3", "p2"]
+    assert [x.url for x in rank_prefill(workers, hashes, index, exclude={"p2"})] == ["p1", "p3"]
+
+
+def test_prefix_index_counts_only_the_leading_run_and_evicts_lru():
+    index = PrefixIndex(capacity_blocks=3)
+    index.record("a", [1, 2, 3])
+    assert index.cached_blocks("a", [1, 2, 9, 3]) == 2
+    assert index.cached_blocks("a", [9, 1]) == 0
+    index.record("a", [4])  # evicts 1, the least recently used
+    assert index.cached_blocks("a", [1, 2]) == 0
+    index.forget("a")
+    assert index.cached_blocks("a", [2]) == 0
+
+
+def test_conditional_disaggregation():
+    assert choose_path(100, 256, True) == "local"
+    assert choose_path(256, 256, True) == "remote"
+    assert choose_path(5000, 256, False) == "local"  # no prefill pool
+    assert choose_path(0, 0, True) == "remote"  # threshold 0 = always disaggregate
+
+
+def test_threshold_formula():
+    # O_fixed 10 ms, local prefill 1 ms/token, transfer 0.5 ms/token -> 20 tokens
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9) == pytest.approx(20.0)
+    # transfer per token costlier than computing it: never worth going remote
+    assert threshold_tokens(0.010, 0.001, 2e6, 1e9) == math.inf
+
+
+def test_estimator_falls_back_until_measured_then_follows_measurements():
+    est = ThresholdEstimator(fallback=512)
+    assert est.threshold() == 512
+    est.observe_prefill(1000, 1.0)  # 1 ms/token
+    est.observe_transfer(1e6, 0.002, tokens=1000)  # 1 kB/token at 500 MB/s -> 2 us/token
+    assert est.threshold() == 512  # overhead not yet seen
+    est.observe_remote(1000, 1.0 + 0.002 + 0.010)  # 10 ms unexplained
+    assert est.threshold() == pytest.approx(0.010 / (0.001 - 0.000002), rel=1e-6)
+    assert ThresholdEstimator(fixed=64).threshold() == 64
+
+
+def test_parse_threshold():
+    assert parse_threshold("auto") is None and parse_threshold(None) is None
+    assert parse_threshold("128") == 128.0
+    with pytest.raises(ValueError):
+        parse_threshold("-3")
+
+
+def test_worker_counters_and_deltas():
+    text = ("# TYPE baton_prompt_tokens_total counter\n"
+            'baton_prompt_tokens_total{role="prefill"} 300\n'
+            "# TYPE baton_prefill_busy_seconds_total counter\n"
+            'baton_prefill_busy_seconds_total{role="prefill"} 1.5\n'
+            "# TYPE baton_kv_transfer_seconds histogram\n"
+            'baton_kv_transfer_seconds_sum{role="prefill"} 0.25\n'
+            'baton_kv_transfer_seconds_count{role="prefill"} 3\n')
+    now = parse_worker_counters(text)
+    assert now["prompt_tokens"] == 300 and now["prefill_busy_s"] == 1.5 and now["kv_seconds"] == 0.25
+    assert counter_deltas({"prompt_tokens": 100.0}, {"prompt_tokens": 300.0}) == {"prompt_tokens": 200.0}
+    assert counter_deltas({"prompt_tokens": 500.0}, {"prompt_tokens": 30.0}) == {"prompt_tokens": 30.0}
+
+
+def test_admission_queue_bounds_and_retry_after():
+    async def scenario():
+        queue = AdmissionQueue(max_running=1, max_waiting=1, wait_timeout_s=5)
+        await queue.acquire()
+        waiter = asyncio.create_task(queue.acquire())
+        await asyncio.sleep(0.01)
+        assert queue.waiting == 1
+        with pytest.raises(Overloaded) as refused:
+            await queue.acquire()
+        assert refused.value.retry_after_s >= 1
+        queue.release(0.5)
+        await asyncio.wait_for(waiter, 1)
+        assert queue.running == 1 and queue.waiting == 0
+
+    asyncio.run(scenario())

@@ -1,0 +1,266 @@
+"""The request path: pick local or remote prefill, reserve, prefill, stream, and recover.
+
+Recoveries (DESIGN.md §2): a refused reservation tries the next decode worker (then waits
+and retries, then prefills locally); a failed prefill aborts its reservation and retries on
+another prefill worker with a new one, or falls back to local; a decode worker lost
+mid-stream makes the request re-issue with the tokens already streamed appended to the
+prompt. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from baton.engine.block_manager import block_hashes
+from baton.router.metrics import RouterMetrics
+from baton.router.policy import PrefixIndex, WorkerSnapshot, choose_path, rank_decode, rank_prefill
+from baton.router.pool import WorkerPool
+from baton.router.threshold import ThresholdEstimator
+from baton.router.worker_client import (
+    WorkerClient,
+    WorkerRefused,
+    WorkerRejected,
+    WorkerUnavailable,
+)
+
+
+@dataclass
+class Deadlines:
+    no_worker_wait_s: float = 30.0  # for some decode worker to appear
+    reserve_wait_s: float = 10.0  # for KV room on some decode worker, then prefill locally
+    prefill_s: float = 300.0  # one remote prefill call
+    max_reissues: int = 3  # decode workers lost for one request
+    max_prefill_tries: int = 2
+
+
+class NoCapacity(Exception):
+    """No worker can take the request within its deadline (503)."""
+
+
+class UpstreamFailed(Exception):
+    """Workers kept failing this request (502)."""
+
+
+class _FallBackLocal(Exception):
+    pass
+
+
+@dataclass
+class Chunk:
+    token_ids: list[int]
+    finish_reason: str | None = None
+    path: str = ""  # "local" or "remote" on the first chunk of an attempt
+
+
+class Dispatcher:
+    def __init__(self, pool: WorkerPool, client: WorkerClient, estimator: ThresholdEstimator,
+                 block_size: int, metrics: RouterMetrics, deadlines: Deadlines | None = None,
+                 index: PrefixIndex | None = None):
+        self.pool, self.client, self.estimator = pool, client, estimator
+        self.block_size = block_size
+        self.metrics = metrics
+        self.deadlines = deadlines or Deadlines()
+        self.index = index or PrefixIndex()
+        self._background: set[asyncio.Task] = set()
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: dict) -> AsyncIterator[Chunk]:
+        """Chunks of new token ids until one carries a finish reason."""
+        produced: list[int] = []
+        last_error: Exception | None = None
+        for attempt in range(self.deadlines.max_reissues + 1):
+            if attempt:
+                self.metrics.retries.labels("worker_lost").inc()
+            remaining = params["max_tokens"] - len(produced)
+            rid = request_id if attempt == 0 else f"{request_id}-r{attempt}"
+            try:
+                attempt_params = {**params, "max_tokens": remaining}
+                async with aclosing(self._attempt(rid, prompt_ids + produced, attempt_params)) as chunks:
+                    async for chunk in chunks:
+                        produced.extend(chunk.token_ids)
+                        yield chunk
+                        if chunk.finish_reason is not None:
+                            return
+                last_error = WorkerUnavailable("the worker's stream ended without a finish reason")
+            except WorkerUnavailable as e:
+                last_error = e
+        raise UpstreamFailed(f"workers failed this request {self.deadlines.max_reissues + 1} times; "
+                             f"last error: {last_error}")
+
+    # -- one attempt -------------------------------------------------------------------------
+    async def _attempt(self, rid: str, prompt: list[int], params: dict) -> AsyncIterator[Chunk]:
+        hashes = block_hashes(prompt, self.block_size)
+        decode = await self._decode_candidates()
+        cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
+        has_prefill = bool(rank_prefill(self.pool.snapshots(), hashes, self.index))
+        path = choose_path(len(prompt) - cached, self.estimator.threshold(), has_prefill)
+        if path == "remote":
+            try:
+                async with aclosing(self._remote(rid, prompt, params, hashes)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
+            except _FallBackLocal:
+                self.metrics.retries.labels("fallback_local").inc()
+                decode = await self._decode_candidates()
+                rid = f"{rid}-local"  # ids are single-use on a worker that saw a reservation
+        async with aclosing(self._local(rid, prompt, params, hashes, decode[0].url)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _decode_candidates(self, exclude: set[str] = frozenset()) -> list[WorkerSnapshot]:
+        deadline = time.monotonic() + self.deadlines.no_worker_wait_s
+        while True:
+            ranked = rank_decode(self.pool.snapshots(), exclude)
+            if ranked:
+                return ranked
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoCapacity("no decode worker is available")
+            await self.pool.wait_changed(min(left, 0.5))
+
+    async def _local(self, rid: str, prompt: list[int], params: dict, hashes: list[int],
+                     url: str) -> AsyncIterator[Chunk]:
+        self.metrics.routes.labels("local").inc()
+        self.pool.begin(url)
+        self.index.record(url, hashes)
+        finished, first = False, True
+        try:
+            async with aclosing(self.client.generate(url, rid, prompt, params)) as events:
+                async for event in events:
+                    chunk = _chunk(event)
+                    if first and chunk.token_ids:
+                        chunk.path, first = "local", False
+                    finished = chunk.finish_reason is not None
+                    yield chunk
+        except WorkerUnavailable:
+            self.pool.mark_failed(url)
+            raise
+        finally:
+            self.pool.end(url)
+            if not finished:
+                self._abort_later(url, rid)
+
+    async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
+        deadline = time.monotonic() + self.deadlines.reserve_wait_s
+        delay = 0.02
+        while True:
+            for worker in await self._decode_candidates():
+                try:
+                    ticket = await self.client.reserve(worker.url, rid, prompt, params, params["max_tokens"])
+                    return worker.url, ticket
+                except WorkerRefused:
+                    self.metrics.retries.labels("reserve_refused").inc()
+                except WorkerUnavailable:
+                    self.pool.mark_failed(worker.url)
+            if time.monotonic() + delay > deadline:
+                raise _FallBackLocal()  # every pool is full: the decode worker's own queue waits
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _remote(self, rid: str, prompt: list[int], params: dict, hashes: list[int]) -> AsyncIterator[Chunk]:
+        excluded: set[str] = set()
+        for attempt in range(self.deadlines.max_prefill_tries):
+            try_rid = rid if attempt == 0 else f"{rid}-p{attempt}"
+            prefill = rank_prefill(self.pool.snapshots(), hashes, self.index, excluded)
+            if not prefill:
+                raise _FallBackLocal()
+            p_url = prefill[0].url
+            cached = self.index.cached_blocks(p_url, hashes) * self.block_size
+            started = time.monotonic()  # the reservation is part of the remote path's overhead
+            d_url, ticket = await self._reserve(try_rid, prompt, params)
+            self.pool.begin(p_url)
+            try:
+                answer = await self.client.prefill(p_url, try_rid, prompt, params, ticket, self.deadlines.prefill_s)
+            except (WorkerUnavailable, WorkerRejected, WorkerRefused) as e:
+                self.metrics.retries.labels("prefill_failed").inc()
+                excluded.add(p_url)
+                if isinstance(e, WorkerUnavailable):
+                    self.pool.mark_failed(p_url)
+                await self.client.abort(d_url, try_rid)  # give the reservation back now
+                continue
+            finally:
+                self.pool.end(p_url)
+            self.index.record(p_url, hashes)
+            self.index.record(d_url, hashes)
+            self._learn(len(prompt), len(prompt) - cached, time.monotonic() - started, answer.get("transfer"))
+            self.metrics.routes.labels("remote").inc()
+            async with aclosing(self._decode_stream(d_url, try_rid, _first_token(answer))) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        raise _FallBackLocal()
+
+    async def _decode_stream(self, url: str, rid: str, first_token: int | None) -> AsyncIterator[Chunk]:
+        """The first token comes from the prefill answer at once; the decode worker's stream
+        repeats it, so that copy is skipped."""
+        self.pool.begin(url)
+        finished = False
+        skip = 0
+        try:
+            if first_token is not None:
+                skip = 1
+                yield Chunk([first_token], None, "remote")
+            async with aclosing(self.client.stream(url, rid)) as events:
+                async for event in events:
+                    chunk = _chunk(event)
+                    if skip:
+                        dropped = min(skip, len(chunk.token_ids))
+                        chunk.token_ids, skip = chunk.token_ids[dropped:], skip - dropped
+                    finished = chunk.finish_reason is not None
+                    yield chunk
+        except WorkerUnavailable:
+            self.pool.mark_failed(url)
+            raise
+        finally:
+            self.pool.end(url)
+            if not finished:
+                self._abort_later(url, rid)
+
+    def _learn(self, prompt_len: int, uncached: int, seconds: float, transfer: dict | None) -> None:
+        """Feed the auto threshold: prefill speed and link bandwidth from the worker's
+        transfer report, then the fixed overhead they leave unexplained."""
+        if isinstance(transfer, dict):
+            num_bytes = _number(transfer, "bytes")
+            transfer_s = _number(transfer, "transfer_seconds")
+            prefill_s = _number(transfer, "prefill_seconds")
+            if num_bytes and transfer_s:
+                self.estimator.observe_transfer(num_bytes, transfer_s, prompt_len)
+            if prefill_s:
+                self.estimator.observe_prefill(uncached, prefill_s)
+        self.estimator.observe_remote(uncached, seconds)
+
+    def _abort_later(self, url: str, rid: str) -> None:
+        # cancellation may be why we are here: run the abort outside this task
+        task = asyncio.get_running_loop().create_task(self.client.abort(url, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _chunk(event: dict) -> Chunk:
+    """A worker event as a chunk; a finish by "abort" that the router did not ask for
+    means the worker gave the request up (shutdown, failed migration): recover elsewhere."""
+    reason = event.get("finish_reason")
+    if reason == "abort":
+        raise WorkerUnavailable("the worker aborted the request")
+    return Chunk(list(event.get("token_ids") or []), reason)
+
+
+def _first_token(answer: dict) -> int | None:
+    first = answer.get("first_token")
+    if isinstance(first, dict):
+        first = first.get("token_id", first.get("id"))
+    if isinstance(first, list):
+        first = first[0] if first else None
+    return first if isinstance(first, int) and not isinstance(first, bool) else None
+
+
+def _number(d: dict, *keys: str) -> float | None:
+    for key in keys:
+        value = d.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None

@@ -1,0 +1,73 @@
+"""`baton router`: the OpenAI-compatible frontend in front of prefill and decode workers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from baton.router.threshold import parse_threshold
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", default=env("BATON_WORKERS", ""),
+                        help="static discovery: comma-separated worker URLs (http://host:port)")
+    parser.add_argument("--discovery", choices=["static", "kubernetes"], default=None,
+                        help="default: static when --workers is given")
+    parser.add_argument("--deployment", default=env("BATON_DEPLOYMENT"), help="PDDeployment name (kubernetes)")
+    parser.add_argument("--namespace", default=None, help="default: POD_NAMESPACE or the pod's own")
+    parser.add_argument("--kube-api", default=None, help="API server URL (default: in-cluster)")
+    parser.add_argument("--worker-port", type=int, default=8100, help="workers' HTTP port (kubernetes)")
+    parser.add_argument("--model", default=env("BATON_MODEL"),
+                        help="model path for the tokenizer (default: the bundled SmolLM2)")
+    parser.add_argument("--served-model-name", default=None, help="name clients send (default: the model's)")
+    parser.add_argument("--block-size", type=int, default=int(env("BATON_BLOCK_SIZE", "16")),
+                        help="the workers' KV block size (prefix hashes must match)")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--api-key", default=env("BATON_API_KEY"),
+                        help="clients must send this bearer key (also BATON_API_KEY)")
+    parser.add_argument("--disagg-threshold", default=env("BATON_DISAGG_THRESHOLD", "auto"),
+                        help="uncached prompt tokens from which prefill goes to a prefill worker, "
+                             "or 'auto' to derive it from measured overhead, speed and bandwidth")
+    parser.add_argument("--max-running", type=int, default=256, help="requests in flight at once")
+    parser.add_argument("--max-waiting", type=int, default=1024, help="queued beyond that, then 429")
+    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between worker state polls")
+    parser.add_argument("--log-level", default="warning")
+
+
+def build_app(args: argparse.Namespace):
+    from baton.router.app import RouterConfig, create_app
+    from baton.router.discovery import KubernetesDiscovery, StaticDiscovery
+    from baton.router.tokenizing import load_model_info
+
+    kind = args.discovery or ("static" if args.workers else None)
+    if kind == "static":
+        discovery = StaticDiscovery(args.workers.split(","))
+        if not discovery.urls:
+            raise SystemExit("--workers is empty")
+    elif kind == "kubernetes":
+        if not args.deployment:
+            raise SystemExit("--discovery kubernetes needs --deployment")
+        discovery = KubernetesDiscovery(args.deployment, args.namespace, args.kube_api,
+                                        worker_port=args.worker_port)
+    else:
+        raise SystemExit("give --workers URL,URL or --discovery kubernetes --deployment NAME")
+    model = load_model_info(args.model, args.served_model_name, args.max_model_len)
+    config = RouterConfig(
+        block_size=args.block_size, api_key=args.api_key or None,
+        internal_token=os.environ.get("BATON_INTERNAL_TOKEN"),
+        disagg_threshold=parse_threshold(args.disagg_threshold),
+        max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval)
+    return create_app(model, discovery, config)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = build_app(args)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,95 @@
+"""The disaggregation threshold: below it, prefilling where the request decodes is faster.
+
+Local prefill of L uncached tokens costs L·t_tok; the remote path costs a fixed overhead
+O_fixed (reserve, scheduling, control traffic) plus the KV transfer L·kv/BW. Remote wins
+beyond  L_thresh = O_fixed / (t_tok − kv/BW).  With `auto` the inputs are measured as the
+router runs (smoothed); until each has been seen, a fallback threshold applies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_FALLBACK_TOKENS = 512.0
+
+
+def threshold_tokens(o_fixed_s: float, prefill_s_per_token: float, kv_bytes_per_token: float,
+                     link_bytes_per_s: float) -> float:
+    """L_thresh in tokens; infinity when the transfer per token costs more than computing it."""
+    per_token_gain = prefill_s_per_token - kv_bytes_per_token / link_bytes_per_s
+    if per_token_gain <= 0:
+        return math.inf
+    return max(0.0, o_fixed_s) / per_token_gain
+
+
+def parse_threshold(value: str | int | float | None) -> float | None:
+    """`auto` (or empty) -> None; a number of tokens -> that number."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
+        return None
+    number = float(value)
+    if number < 0 or math.isnan(number):
+        raise ValueError(f"the disaggregation threshold must be >= 0 tokens or 'auto', got {value!r}")
+    return number
+
+
+@dataclass
+class Smoothed:
+    value: float | None = None
+    alpha: float = 0.2
+
+    def observe(self, sample: float) -> None:
+        if sample is None or not math.isfinite(sample) or sample < 0:
+            return
+        self.value = sample if self.value is None else (1 - self.alpha) * self.value + self.alpha * sample
+
+
+class ThresholdEstimator:
+    def __init__(self, fixed: float | None = None, fallback: float = DEFAULT_FALLBACK_TOKENS,
+                 kv_bytes_per_token: float | None = None):
+        self.fixed = fixed
+        self.fallback = fallback
+        self.o_fixed_s = Smoothed()
+        self.prefill_s_per_token = Smoothed()
+        self.link_bytes_per_s = Smoothed()
+        self.kv_bytes_per_token = Smoothed(kv_bytes_per_token)
+
+    @property
+    def is_auto(self) -> bool:
+        return self.fixed is None
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self.prefill_s_per_token.observe(seconds / tokens)
+
+    def observe_transfer(self, num_bytes: float, seconds: float, tokens: int | None = None) -> None:
+        if num_bytes > 0 and seconds > 0:
+            self.link_bytes_per_s.observe(num_bytes / seconds)
+        if num_bytes > 0 and tokens:
+            self.kv_bytes_per_token.observe(num_bytes / tokens)
+
+    def observe_remote(self, tokens: int, ttft_s: float) -> None:
+        """A remote request's time to first token; what compute and transfer don't explain
+        is the fixed overhead."""
+        t_tok, bw, kv = (self.prefill_s_per_token.value, self.link_bytes_per_s.value,
+                         self.kv_bytes_per_token.value)
+        if t_tok is None or bw is None or kv is None:
+            return
+        self.o_fixed_s.observe(max(0.0, ttft_s - tokens * t_tok - tokens * kv / bw))
+
+    def threshold(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        inputs = (self.o_fixed_s.value, self.prefill_s_per_token.value,
+                  self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
+        if any(v is None for v in inputs):
+            return self.fallback
+        return threshold_tokens(*inputs)
+
+    def explain(self) -> dict:
+        return {"mode": "fixed" if self.fixed is not None else "auto",
+                "threshold_tokens": self.threshold(),
+                "o_fixed_s": self.o_fixed_s.value,
+                "prefill_s_per_token": self.prefill_s_per_token.value,
+                "kv_bytes_per_token": self.kv_bytes_per_token.value,
+                "link_bytes_per_s": self.link_bytes_per_s.value}
