@@ -42,17 +42,48 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [B] tokens in the cache, the new one included
     scale: float,
 ) -> torch.Tensor:
-    """Attention of one query token per sequence over its whole paged context (GQA)."""
+    """Attention of one query token per sequence over its whole paged context (GQA).
+
+    Sequences are padded to a common length, so a batch mixing short and long contexts is
+    split into groups of similar length: one 2,000-token context must not make every
+    300-token neighbour gather 2,000 tokens too.
+    """
+    lens = context_lens.tolist()
+    groups = _similar_length_groups(lens)
+    if len(groups) == 1:
+        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, max(lens), scale)
+    out = torch.empty_like(q)
+    for rows in groups:
+        index = torch.tensor(rows, device=q.device)
+        out[index] = _decode_group(
+            q[index], k_cache, v_cache, block_tables[index], context_lens[index],
+            max(lens[r] for r in rows), scale,
+        )
+    return out
+
+
+def _similar_length_groups(lens: list[int]) -> list[list[int]]:
+    """Row groups whose longest context is at most twice their shortest (plus one block)."""
+    order = sorted(range(len(lens)), key=lens.__getitem__)
+    groups: list[list[int]] = []
+    for row in order:
+        if groups and lens[row] <= 2 * lens[groups[-1][0]] + 64:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _decode_group(q, k_cache, v_cache, block_tables, context_lens, max_len: int, scale: float):
     batch, num_heads, head_dim = q.shape
     block_size = k_cache.shape[1]
-    max_len = int(context_lens.max())
     num_blocks = -(-max_len // block_size)
     tables = block_tables[:, :num_blocks].long()
     # [B, L, Hkv, D] -> [B, Hkv, L, D]
     k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
     v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
     mask = None
-    if batch > 1:  # one sequence sees its whole gathered context: no mask needed
+    if bool((context_lens != max_len).any()):  # equal lengths need no mask
         positions = torch.arange(max_len, device=q.device)
         mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
     out = F.scaled_dot_product_attention(
