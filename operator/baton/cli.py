@@ -13,11 +13,16 @@ import sys
 
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("baton.engine.demo", "load a model and answer one chat request in the terminal"),
+    "demo": ("baton.local.demo", "start the local stack, stream one chat answer to the terminal, stop"),
+    "chat": ("baton.engine.chat", "load a model in this process and stream one chat answer (no servers)"),
     "simulate": ("baton.sim.simulate", "simulate a fleet over a day: controller vs best static split vs hourly oracle"),
     "plan": ("baton.sim.plan", "recommend a prefill/decode split and show the KV transfer table"),
     "crds": ("baton.api.crdgen", "write the PDDeployment CustomResourceDefinition from the API models"),
     "operator": ("baton.operator.main", "run the Kubernetes operator that reconciles PDDeployments"),
+    "worker": ("baton.server.main", "run an inference worker (prefill, decode or both) with its internal API"),
+    "router": ("baton.router.main", "serve the OpenAI API in front of prefill and decode workers"),
+    "up": ("baton.local.up", "run workers and router on a local Ray instance (or join one)"),
+    "bench": ("baton.loadgen.main", "load-test an OpenAI endpoint: TTFT, TPOT, ITL, goodput, timeline"),
 }
 
 

@@ -1,0 +1,154 @@
+"""The live KV handoff between real worker processes: equivalence and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from baton.kv.transport import TransferRefused, select_transport
+
+from tests.server.conftest import GREEDY
+from tests.server.workers import handoff, new_id
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("blocks_restored")]
+
+
+def run_all(coros):
+    async def main():
+        return await asyncio.gather(*coros)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("decoder", ["decode-tcp", "decode-shm"])
+def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, decoder):
+    """8 prompts: prefill (16-token blocks, chunked) → decode (32 over TCP, 16 over shm)."""
+    prefill, decode = cluster["prefill"], cluster[decoder]
+    sent_before = prefill.metric("baton_kv_transfer_bytes_total")
+    results = run_all([handoff(prefill, decode, ids, GREEDY) for ids in prompt_ids])
+    for ids, expected, r in zip(prompt_ids, reference, results):
+        assert r["prefill"].status_code == 200, r["prefill"].text
+        assert not r["errors"], r["errors"]
+        assert r["token_ids"] == expected, f"prompt of {len(ids)} tokens diverged"
+        report = r["prefill"].json()
+        assert report["first_token"] == expected[0]
+        assert report["transfer"]["layers"] == 30 and report["transfer"]["resent_layers"] == []
+    moved = sum(r["prefill"].json()["transfer"]["bytes"] for r in results)
+    assert prefill.metric("baton_kv_transfer_bytes_total") - sent_before == moved
+    assert decode.metric("baton_kv_exposed_transfer_seconds_count") == 0  # measured on the prefill side
+    assert prefill.metric("baton_kv_exposed_transfer_seconds_count") >= len(prompt_ids)
+
+
+def test_corrupted_layer_is_resent_and_output_identical(cluster, prompt_ids, reference):
+    prefill, decode = cluster["prefill"], cluster["decode-tcp"]
+    (r,) = run_all([handoff(prefill, decode, prompt_ids[6], GREEDY, rid=new_id("corrupt"))])
+    assert r["prefill"].status_code == 200, r["prefill"].text
+    assert r["prefill"].json()["transfer"]["resent_layers"] == [5]
+    assert r["token_ids"] == reference[6]
+
+
+def test_expired_ticket_frees_blocks_and_is_refused(cluster, prompt_ids):
+    prefill, decode = cluster["prefill"], cluster["decode-tcp"]
+    free = decode.state()["free_blocks"]
+    rid = new_id("expire")
+    reply = decode.post("/internal/reserve", {"request_id": rid, "prompt_token_ids": prompt_ids[7],
+                                              "params": GREEDY, "ttl_s": 1.0, "headroom_tokens": 16})
+    assert reply.status_code == 200
+    ticket = reply.json()["ticket"]
+    assert decode.state()["free_blocks"] < free
+    assert decode.wait_free_blocks(free, timeout=5) == free  # the janitor gave them back
+    late = prefill.post("/internal/prefill", {"request_id": rid, "prompt_token_ids": prompt_ids[7],
+                                              "params": GREEDY, "ticket": ticket})
+    assert late.status_code == 400 and "expired" in late.json()["error"]["message"]
+    stream = decode.get(f"/internal/stream/{rid}")
+    assert stream.status_code == 404 or "expired" in stream.text
+
+
+def test_full_decode_pool_refuses_reservation_before_any_prefill(cluster, prompt_ids):
+    prefill, decode = cluster["prefill"], cluster["decode-tcp"]
+    state = decode.state()
+    prompt_tokens = prefill.metric("baton_prompt_tokens_total")
+    hog = new_id("hog")
+    # take all but one block, then ask for more than one
+    headroom = (state["free_blocks"] - 1) * state["block_size"] - len(prompt_ids[0]) - 1
+    first = decode.post("/internal/reserve", {"request_id": hog, "prompt_token_ids": prompt_ids[0],
+                                              "params": {"max_tokens": 4096}, "headroom_tokens": headroom})
+    assert first.status_code == 200, first.text
+    refused = decode.post("/internal/reserve", {"request_id": new_id(), "prompt_token_ids": prompt_ids[7],
+                                                "params": GREEDY, "headroom_tokens": 16})
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "kv_pool_full"
+    assert decode.state()["reservations"] == 1
+    assert prefill.metric("baton_prompt_tokens_total") == prompt_tokens  # no prompt work anywhere
+    assert decode.post(f"/internal/abort/{hog}").status_code == 200
+
+
+def test_wrong_token_is_refused_and_nothing_is_written(cluster, prompt_ids):
+    decode = cluster["decode-tcp"]
+    free = decode.state()["free_blocks"]
+    body = {"request_id": new_id(), "prompt_token_ids": prompt_ids[0], "params": GREEDY}
+    assert decode.post("/internal/reserve", body, token="not-the-token").status_code == 401
+    assert decode.post("/internal/reserve", body, token=None).status_code == 401
+    assert decode.get("/internal/state", token="nope").status_code == 401
+    assert decode.state()["free_blocks"] == free and decode.state()["reservations"] == 0
+
+    # the KV port refuses the same way, before any frame reaches memory
+    reply = decode.post("/internal/reserve", {**body, "request_id": new_id("auth")})
+    ticket = reply.json()["ticket"]
+
+    async def try_wrong_token():
+        from baton.kv.ticket import Ticket
+
+        t = Ticket.from_dict(ticket)
+        sender = select_transport("auto", t.kv_endpoint).sender(t.kv_endpoint, worker_id=t.worker_id, token="wrong")
+        try:
+            await sender.open(t)
+        finally:
+            await sender.close()
+
+    with pytest.raises(TransferRefused, match="auth"):
+        asyncio.run(try_wrong_token())
+    assert decode.post(f"/internal/abort/{ticket['request_id']}").status_code == 200
+
+
+def test_prefill_refuses_a_bad_ticket_without_work(cluster, prompt_ids):
+    prefill = cluster["prefill"]
+    before = prefill.metric("baton_prompt_tokens_total")
+    body = {"request_id": "x", "prompt_token_ids": prompt_ids[0], "params": GREEDY,
+            "ticket": {"request_id": "x", "block_ids": [1]}}
+    reply = prefill.post("/internal/prefill", body)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_ticket"
+    assert prefill.metric("baton_prompt_tokens_total") == before
+
+
+def test_metrics_follow_the_contract(cluster):
+    text = cluster["decode-tcp"].get("/metrics").text
+    for name in ["baton_time_to_first_token_seconds_bucket", "baton_inter_token_latency_seconds_bucket",
+                 "baton_e2e_request_latency_seconds_bucket", "baton_num_requests_running",
+                 "baton_num_requests_waiting", "baton_kv_cache_usage_ratio",
+                 "baton_prefix_cache_queries_total", "baton_prefix_cache_hits_total",
+                 "baton_prompt_tokens_total", "baton_generation_tokens_total",
+                 "baton_kv_transfer_bytes_total", "baton_kv_transfer_seconds_bucket",
+                 "baton_kv_exposed_transfer_seconds_bucket", "baton_prefill_busy_seconds_total",
+                 "baton_worker_role", "baton_role_conversions_total", "baton_migrations_total"]:
+        assert f"{name}{{" in text or f"{name} " in text, name
+    assert 'baton_worker_role{role="decode"} 1.0' in text
+
+
+def test_a_first_token_that_ends_the_request_still_hands_off_cleanly(cluster, prompt_ids, reference):
+    """max_tokens=1: the decode worker ends the sequence at commit and frees its blocks."""
+    (r,) = run_all([handoff(cluster["prefill"], cluster["decode-shm"], prompt_ids[3], {"max_tokens": 1})])
+    assert r["prefill"].status_code == 200, r["prefill"].text
+    assert r["token_ids"] == reference[3][:1] and r["finish_reason"] == "length"
+
+
+def test_a_request_id_in_use_is_refused(cluster, prompt_ids):
+    decode = cluster["decode-shm"]
+    rid = new_id("dup")
+    body = {"request_id": rid, "prompt_token_ids": prompt_ids[0], "params": GREEDY}
+    assert decode.post("/internal/reserve", body).status_code == 200
+    again = decode.post("/internal/reserve", body)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "duplicate_request"
+    assert decode.post("/internal/generate", body).status_code == 409
+    assert decode.post(f"/internal/abort/{rid}").status_code == 200
+    assert decode.post(f"/internal/abort/{rid}").status_code == 404

@@ -1,0 +1,131 @@
+"""Migration of a decoding sequence, and drain + role switch, between real workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.server.conftest import NEW_TOKENS
+from tests.server.workers import TOKEN, generate, handoff, new_id
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("blocks_restored")]
+
+LONG = {"max_tokens": 40, "ignore_eos": True}
+
+
+def long_reference(cluster, ids):
+    r = asyncio.run(generate(cluster["both"], ids, LONG))
+    assert not r["errors"] and len(r["token_ids"]) == 40
+    return r["token_ids"]
+
+
+async def migrate_after(worker, rid: str, target: str, after_tokens: int, result: dict, event_result) -> None:
+    if "migrated" not in result and len(event_result["token_ids"]) >= after_tokens:
+        result["migrated"] = True
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client:
+            reply = await client.post(worker.url + "/internal/migrate", json={"request_id": rid, "target": target})
+        result["reply"] = reply
+
+
+def test_migration_mid_generation_is_token_identical(cluster, prompt_ids):
+    source, target = cluster["decode-tcp"], cluster["decode-shm"]
+    ids = prompt_ids[5]
+    expected = long_reference(cluster, ids)
+    rid = new_id("mig")
+    outcome: dict = {}
+    migrated_in = target.metric("baton_migrations_total")
+
+    async def on_event(_event, so_far):
+        await migrate_after(source, rid, target.url, 5, outcome, so_far)
+
+    result = asyncio.run(generate(source, ids, LONG, rid=rid, on_event=on_event))
+    assert outcome["reply"].status_code == 200, outcome["reply"].text
+    assert not result["errors"], result["errors"]
+    assert result["token_ids"] == expected
+    assert result["finish_reason"] == "length"
+    assert target.metric("baton_migrations_total") == migrated_in + 1
+
+
+def test_migration_to_a_full_worker_keeps_the_sequence(cluster, prompt_ids):
+    source = cluster["decode-tcp"]
+    ids = prompt_ids[1]
+    expected = long_reference(cluster, ids)
+    rid = new_id("stay")
+    outcome: dict = {}
+
+    async def on_event(_event, so_far):
+        # a prefill worker takes no imports: the migration fails and the sequence stays
+        await migrate_after(source, rid, cluster["prefill"].url, 3, outcome, so_far)
+
+    result = asyncio.run(generate(source, ids, LONG, rid=rid, on_event=on_event))
+    assert outcome["reply"].status_code == 409, outcome["reply"].text
+    assert result["token_ids"] == expected and not result["errors"]
+
+
+def test_drain_switch_to_prefill_serve_and_switch_back(cluster, prompt_ids, reference):
+    worker, peer = cluster["decode-tcp"], cluster["decode-shm"]
+    start = worker.state()
+    expected = [long_reference(cluster, prompt_ids[i]) for i in (2, 4)]
+    rids = [new_id("drain") for _ in expected]
+
+    async def scenario():
+        streams = [asyncio.create_task(generate(worker, prompt_ids[i], LONG, rid=rid))
+                   for i, rid in zip((2, 4), rids)]
+        await asyncio.sleep(1.5)  # both are decoding by now
+        reply = worker.post("/internal/drain", {"peers": [peer.url]})
+        assert reply.status_code == 202, reply.text
+        assert worker.get("/ready").status_code == 503  # routers stop sending
+        results = await asyncio.gather(*streams)
+        return results
+
+    results = asyncio.run(scenario())
+    for got, want in zip(results, expected):
+        assert not got["errors"] and got["token_ids"] == want
+    status = worker.get("/internal/drain").json()
+    assert status["state"] == "drained" and status["running"] == 0
+    assert sorted(status["migrated"]) == sorted(rids)
+
+    switched = worker.post("/internal/role", {"role": "prefill"})
+    assert switched.status_code == 200, switched.text
+    state = worker.state()
+    assert state["role"] == "prefill" and state["state"] == "active"
+    assert state["weights_ptr"] == start["weights_ptr"]  # no weight reload
+    assert state["num_blocks"] < start["num_blocks"]
+    assert state["max_num_batched_tokens"] > start["max_num_batched_tokens"]
+
+    served = asyncio.run(handoff(worker, peer, prompt_ids[6], {"max_tokens": NEW_TOKENS, "ignore_eos": True}))
+    assert served["prefill"].status_code == 200, served["prefill"].text
+    assert served["token_ids"] == reference[6]
+
+    back = worker.post("/internal/role", {"role": "decode"})
+    assert back.status_code == 200, back.text
+    state = worker.state()
+    assert (state["role"], state["num_blocks"], state["weights_ptr"]) == ("decode", start["num_blocks"], start["weights_ptr"])
+    assert worker.get("/ready").status_code == 200
+    assert worker.metric("baton_role_conversions_total") >= 2
+
+
+def test_drain_without_room_lets_sequences_finish_here(cluster, prompt_ids):
+    worker = cluster["decode-shm"]
+    ids = prompt_ids[0]
+    expected = long_reference(cluster, ids)
+    rid = new_id("kept")
+
+    async def scenario():
+        stream = asyncio.create_task(generate(worker, ids, LONG, rid=rid))
+        await asyncio.sleep(1.0)
+        # the only peer is a prefill worker: it takes no imports, so the sequence stays
+        assert worker.post("/internal/drain", {"peers": [cluster["prefill"].url]}).status_code == 202
+        return await stream
+
+    result = asyncio.run(scenario())
+    assert result["token_ids"] == expected and not result["errors"]
+    status = worker.get("/internal/drain").json()
+    assert status["state"] == "drained" and status["kept"] == [rid] and status["migrated"] == []
+    refused = worker.post("/internal/reserve", {"request_id": new_id(), "prompt_token_ids": ids, "params": LONG})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "not_accepting"
+    # switching to the role it already has reactivates it
+    assert worker.post("/internal/role", {"role": "decode"}).status_code == 200
+    assert worker.get("/ready").status_code == 200

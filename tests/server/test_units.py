@@ -1,0 +1,122 @@
+"""Pure pieces of the worker: role profiles, request parsing, SSE, settings, fault hooks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from baton.engine.outputs import RequestOutput
+from baton.server import main, sse
+from baton.server.errors import ApiError
+from baton.server.params import prompt_token_ids, sampling_params
+from baton.server.roles import PoolShape, accepts, shape_for_role
+from baton.server.settings import WorkerSettings
+from baton.server.test_hooks import corrupt_layer_hook
+
+
+def test_prefill_profile_trades_kv_pool_for_token_budget_and_switching_back_restores():
+    start = PoolShape(num_kv_blocks=400, max_num_batched_tokens=2048, chunk_size=512)
+    prefill = shape_for_role("prefill", "decode", start)
+    assert prefill.num_kv_blocks < start.num_kv_blocks
+    assert prefill.max_num_batched_tokens > start.max_num_batched_tokens
+    assert prefill.chunk_size == 0  # whole prompts: every layer streams while the rest computes
+    assert shape_for_role("decode", "decode", start) == start
+    # a worker that started as prefill grows its pool when it becomes a decoder
+    decode = shape_for_role("decode", "prefill", prefill)
+    assert decode.num_kv_blocks == start.num_kv_blocks
+    with pytest.raises(ValueError, match="role"):
+        shape_for_role("router", "decode", start)
+
+
+def test_roles_take_only_their_work():
+    assert accepts("decode", "reserve") and not accepts("prefill", "reserve")
+    assert accepts("prefill", "prefill") and not accepts("decode", "prefill")
+    assert all(accepts("both", w) for w in ("reserve", "prefill", "generate", "import"))
+
+
+def test_sampling_params_refuse_unknown_and_invalid_fields():
+    assert sampling_params({"max_tokens": 3, "temperature": 0.5}).max_tokens == 3
+    assert sampling_params(None).max_tokens == 64
+    with pytest.raises(ApiError, match="params.beam_width"):
+        sampling_params({"beam_width": 2})
+    with pytest.raises(ApiError, match="max_tokens"):
+        sampling_params({"max_tokens": 0})
+    with pytest.raises(ApiError) as info:
+        prompt_token_ids({"prompt_token_ids": [1, "2"]})
+    assert info.value.status == 400 and info.value.body()["error"]["code"] == "invalid_request"
+
+
+def test_sse_event_carries_only_the_new_tokens():
+    out = RequestOutput(request_id="r", prompt_token_ids=[1, 2, 3], token_ids=[7, 8], text="ab",
+                        finished=True, finish_reason="length", num_cached_tokens=2,
+                        new_token_ids=[8], new_text="b")
+    doc = sse.output_event(out)
+    assert doc == {"request_id": "r", "token_ids": [8], "text": "b", "finish_reason": "length",
+                   "num_prompt_tokens": 3, "num_cached_tokens": 2, "logprobs": None}
+    line = sse.encode(doc)
+    assert line.endswith("\n\n") and json.loads(sse.data_of(line)) == doc
+    assert sse.data_of(": keepalive") is None and sse.data_of(sse.DONE.strip()) == "[DONE]"
+
+
+def test_settings_name_the_worker_and_its_kv_address():
+    s = WorkerSettings(host="127.0.0.1", port=9000, kv_port=9001)
+    assert s.name == "127.0.0.1-9000" and s.kv_address() == "127.0.0.1:9001"
+    shm = WorkerSettings(worker_id="decode/a b", kv_transport="shm")
+    assert shm.kv_address() == "decode-a-b"
+    with pytest.raises(ValueError, match="kv-transport"):
+        WorkerSettings(kv_transport="carrier-pigeon").validate()
+
+
+def test_corrupt_hook_flips_one_layer_once_per_matching_request(monkeypatch):
+    monkeypatch.setenv("BATON_TEST_CORRUPT_LAYER", "2")
+    monkeypatch.setenv("BATON_TEST_CORRUPT_PREFIX", "corrupt-")
+    hook = corrupt_layer_hook()
+
+    class H:
+        def __init__(self, rid, layer):
+            self.request_id, self.layer = rid, layer
+
+    data = memoryview(bytes(8))
+    assert bytes(hook(H("corrupt-1", 2), data)) != bytes(data)
+    assert bytes(hook(H("corrupt-1", 2), data)) == bytes(data)  # the re-send goes through
+    assert bytes(hook(H("other", 2), data)) == bytes(data)
+    assert bytes(hook(H("corrupt-2", 1), data)) == bytes(data)
+    monkeypatch.delenv("BATON_TEST_CORRUPT_LAYER")
+    assert corrupt_layer_hook() is None
+
+
+def test_worker_refuses_to_start_without_a_token(monkeypatch, capsys):
+    monkeypatch.delenv("BATON_INTERNAL_TOKEN", raising=False)
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    assert main.run(parser.parse_args(["--role", "decode"])) == 2
+    assert "BATON_INTERNAL_TOKEN" in capsys.readouterr().err
+
+
+def test_a_silent_stream_sends_keepalives_then_a_clear_timeout(monkeypatch):
+    import asyncio
+
+    from baton.server import streams
+
+    monkeypatch.setattr(streams, "KEEPALIVE_S", 0.05)
+
+    class Book:
+        def close(self, _rid):
+            pass
+
+    abandoned = []
+
+    async def on_abandon(rid, target):
+        abandoned.append(rid)
+
+    async def collect():
+        chunks = []
+        async for chunk in streams.relay(Book(), "r", asyncio.Queue(), follow=None,
+                                         on_abandon=on_abandon, token_timeout_s=0.2):
+            chunks.append(chunk)
+        return chunks
+
+    chunks = asyncio.run(collect())
+    assert chunks[0] == sse.KEEPALIVE and chunks[-1] == sse.DONE
+    assert "within 0.2s" in chunks[-2] and abandoned == ["r"]

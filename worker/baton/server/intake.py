@@ -1,0 +1,172 @@
+"""Decode side of the handoff: reservations (tickets) and the KV sink that fills them.
+
+A reservation is created on the server's loop, written into by the KV receiver's loop
+(another thread) and committed or cancelled on the engine thread. Each one has a lock: a
+cancel waits for a layer write in progress, and no write starts once the blocks are given
+back, so freed blocks never receive late KV. Writing into a reserved block needs no engine
+lock: no step reads or writes the blocks of a sequence that is not scheduled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from baton.engine import handoff
+from baton.kv.dtypes import dtype_name
+from baton.kv.layout import scatter_layer
+from baton.kv.ticket import Ticket
+from baton.kv.transport import KVSink, ReceiveStats
+from baton.server.errors import conflict
+from baton.server.streams import StreamBook
+
+log = logging.getLogger(__name__)
+
+OPEN, COMMITTED, CANCELLED = "open", "committed", "cancelled"
+
+
+@dataclass
+class Reservation:
+    ticket: Ticket
+    kind: str  # "prefill": a prompt's KV arrives; "import": a migrating sequence's KV
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    state: str = OPEN
+    layers_written: set[int] = field(default_factory=set)
+    last_abort: str | None = None  # why the latest transfer attempt stopped (kept for a retry)
+
+
+class KVIntake(KVSink):
+    def __init__(self, async_engine, book: StreamBook, metrics, *, worker_id: str, kv_endpoint: str):
+        self.ae = async_engine
+        self.book = book
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.kv_endpoint = kv_endpoint
+        self.reservations: dict[str, Reservation] = {}
+
+    # -- reserving (server loop) ----------------------------------------------------------
+    def _ticket(self, engine, request_id: str, block_ids: list[int], num_tokens: int, ttl_s: float) -> Ticket:
+        cfg = engine.model_config
+        return Ticket(
+            request_id=request_id, worker_id=self.worker_id, kv_endpoint=self.kv_endpoint,
+            block_ids=tuple(block_ids), block_size=engine.config.block_size,
+            dtype=dtype_name(engine.dtype), num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, head_start=0,
+            head_end=cfg.num_kv_heads, num_tokens=num_tokens, expires_at=time.time() + ttl_s,
+        )
+
+    async def reserve(self, request_id: str, prompt_ids: list[int], params, headroom: int, ttl_s: float) -> Ticket:
+        """Blocks for a prompt prefilled elsewhere; 409 when the pool cannot hold it."""
+
+        def on_engine(engine):
+            try:
+                blocks = handoff.reserve_remote(engine, prompt_ids, params, request_id, headroom)
+            except handoff.NoFreeBlocks as exc:
+                raise conflict(str(exc), "kv_pool_full") from None
+            return self._ticket(engine, request_id, blocks, len(prompt_ids), ttl_s)
+
+        return await self._register("prefill", request_id, on_engine)
+
+    async def accept_import(self, state: dict, headroom: int, ttl_s: float) -> Ticket:
+        """Blocks for a sequence migrating in; its computed tokens' KV arrives next."""
+
+        def on_engine(engine):
+            try:
+                blocks = handoff.import_sequence(engine, state, headroom)
+            except handoff.NoFreeBlocks as exc:
+                raise conflict(str(exc), "kv_pool_full") from None
+            return self._ticket(engine, state["request_id"], blocks, state["num_computed_tokens"], ttl_s)
+
+        return await self._register("import", state["request_id"], on_engine)
+
+    async def _register(self, kind: str, request_id: str, on_engine) -> Ticket:
+        if request_id in self.reservations or self.book.has(request_id):
+            raise conflict(f"request id {request_id!r} is already in use here", "duplicate_request")
+        self.book.open(request_id)  # before any token can exist
+        try:
+            ticket = await self.ae.call(on_engine)
+        except BaseException:
+            self.book.close(request_id)
+            raise
+        self.reservations[request_id] = Reservation(ticket, kind)
+        return ticket
+
+    async def cancel(self, request_id: str, reason: str) -> bool:
+        """Give the blocks back (expiry, abort); the stream's reader gets `reason`."""
+        res = self.reservations.get(request_id)
+        if res is None:
+            return False
+
+        def on_engine(engine):
+            with res.lock:
+                if res.state != OPEN:
+                    return False
+                res.state = CANCELLED
+            return handoff.cancel_remote(engine, request_id)
+
+        cancelled = await self.ae.call(on_engine)
+        if cancelled:
+            self.reservations.pop(request_id, None)
+            self.book.push(request_id, RuntimeError(reason))
+        return cancelled
+
+    async def sweep_expired(self) -> None:
+        now = time.time()
+        for rid, res in list(self.reservations.items()):
+            if res.state == OPEN and res.ticket.is_expired(now):
+                detail = f" (last transfer attempt: {res.last_abort})" if res.last_abort else ""
+                await self.cancel(rid, f"ticket for {rid!r} expired before its KV arrived{detail}")
+
+    # -- KVSink (receiver loop) -----------------------------------------------------------
+    def lookup(self, request_id: str) -> Ticket | None:
+        res = self.reservations.get(request_id)
+        return res.ticket if res is not None and res.state == OPEN else None
+
+    def write_layer(self, ticket: Ticket, layer: int, payload) -> None:
+        res = self.reservations.get(ticket.request_id)
+        if res is None:
+            raise RuntimeError(f"no reservation for {ticket.request_id!r}")
+        with res.lock:
+            if res.state != OPEN:
+                raise RuntimeError(f"reservation for {ticket.request_id!r} is {res.state}")
+            k_cache, v_cache = self.ae.engine.runner.kv_caches[layer]
+            scatter_layer(payload, k_cache, v_cache, ticket.block_ids, ticket.block_size, ticket.head_start)
+            res.layers_written.add(layer)
+
+    async def finish(self, ticket: Ticket, first_token: int, logprob: float | None, stats: ReceiveStats) -> None:
+        res = self.reservations.get(ticket.request_id)
+        if res is None:
+            raise RuntimeError(f"no reservation for {ticket.request_id!r}")
+        await self.ae.call(self._commit_on_engine, res, first_token, logprob)
+        self.reservations.pop(ticket.request_id, None)
+        self.metrics.observe_transfer(stats.total_bytes, stats.end_at - stats.first_layer_at)
+        if res.kind == "import":
+            self.metrics.observe_migration("in")
+
+    def _commit_on_engine(self, engine, res: Reservation, first_token: int, logprob) -> None:
+        rid = res.ticket.request_id
+        with res.lock:
+            if res.state != OPEN:
+                raise RuntimeError(f"reservation for {rid!r} was {res.state} before its KV completed")
+            if res.kind == "import":
+                handoff.commit_import(engine, rid)
+                res.state = COMMITTED
+                return
+            out = handoff.commit_remote(engine, rid, first_token, logprob)
+            res.state = COMMITTED
+        self.metrics.observe_outputs([out])
+        if out.finished:
+            engine.release(rid)  # the first token already ended it (EOS, max_tokens=1)
+        # queued on the engine thread before any later step's output: order is kept
+        self.book.push(rid, out)
+
+    def abort(self, ticket: Ticket, reason: str) -> None:
+        # Keep the blocks: another prefill worker may retry against the same ticket until
+        # it expires (then sweep_expired frees them). A retry starts again from layer 0.
+        res = self.reservations.get(ticket.request_id)
+        if res is not None:
+            res.last_abort = reason
+            res.layers_written.clear()
+        log.info("kv transfer for %s stopped: %s", ticket.request_id, reason)

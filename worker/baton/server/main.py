@@ -1,0 +1,86 @@
+"""`baton worker`: one engine behind the internal API, in a prefill, decode or both role."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from baton.kv.transport import TOKEN_ENV
+from baton.server.settings import KV_TRANSPORTS, WorkerSettings
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--role", choices=["prefill", "decode", "both"], default="both")
+    parser.add_argument("--model", default="bundled", help="HF folder, .gguf file, or 'bundled'")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--kv-port", type=int, default=8101, help="TCP port of the KV receiver (0: any free)")
+    parser.add_argument("--kv-transport", choices=KV_TRANSPORTS, default="auto",
+                        help="how this worker receives KV (auto: tcp); senders follow the ticket")
+    parser.add_argument("--advertise-host", default=None, help="host other workers reach this one at")
+    parser.add_argument("--worker-id", default=None, help="identity in tickets (default: host-port)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--chunk-size", type=int, default=512, help="longest prefill chunk (0: whole prompts)")
+    parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size (overrides memory)")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--cpu-core", type=int, action="append", default=[],
+                        help="pin the process to this CPU core (repeatable)")
+    parser.add_argument("--peers", default="", help="comma-separated decode worker URLs to migrate to on drain")
+    parser.add_argument("--ticket-ttl", type=float, default=30.0, help="seconds a reservation waits for its KV")
+    parser.add_argument("--insecure-no-token", action="store_true",
+                        help=f"run without {TOKEN_ENV} (local use only: the internal API is open)")
+    parser.add_argument("--log-level", default="info")
+
+
+def settings_from_args(args) -> WorkerSettings:
+    return WorkerSettings(
+        role=args.role, model=None if args.model in ("bundled", "", None) else args.model,
+        host=args.host, port=args.port, kv_port=args.kv_port, kv_transport=args.kv_transport,
+        advertise_host=args.advertise_host, worker_id=args.worker_id, dtype=args.dtype,
+        block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+        chunk_size=args.chunk_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+        num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
+        cpu_cores=list(args.cpu_core), peers=[p for p in args.peers.split(",") if p],
+        ticket_ttl_s=args.ticket_ttl, insecure_no_token=args.insecure_no_token,
+    )
+
+
+def pin_cpu(cores: list[int], threads: int | None) -> None:
+    """Give the worker its own cores before any thread starts (threads inherit affinity)."""
+    import torch
+
+    if cores:
+        os.sched_setaffinity(0, set(cores))
+    count = threads or (len(cores) if cores else None)
+    if count:
+        torch.set_num_threads(count)
+
+
+def run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        print(f"baton worker: {exc}", file=sys.stderr)
+        return 2
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is None and not settings.insecure_no_token:
+        print(f"baton worker: {TOKEN_ENV} is not set; set it (callers send it as a bearer token) "
+              "or pass --insecure-no-token for local use", file=sys.stderr)
+        return 2
+    pin_cpu(settings.cpu_cores, settings.threads)
+
+    import uvicorn
+    from baton.server.app import create_app
+    from baton.server.worker import Worker
+
+    app = create_app(Worker(settings, token))
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower(),
+                access_log=False, timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,118 @@
+"""The worker's Prometheus metrics (names and meanings: docs/contracts.md).
+
+Every metric carries the worker's current `role`. Engine counters are cumulative numbers in
+the engine; they are turned into Prometheus counters by adding what changed since the last
+look, on the engine thread after each step.
+"""
+
+from __future__ import annotations
+
+import time
+
+from baton.engine.config import ROLES
+from baton.engine.outputs import RequestOutput
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class WorkerMetrics:
+    def __init__(self, role: str):
+        self.role = role
+        self.registry = r = CollectorRegistry()
+        L = ["role"]
+        self.ttft = Histogram("baton_time_to_first_token_seconds", "TTFT", L, registry=r, buckets=LATENCY_BUCKETS)
+        self.itl = Histogram("baton_inter_token_latency_seconds", "gap between tokens of one stream", L, registry=r, buckets=LATENCY_BUCKETS)
+        self.e2e = Histogram("baton_e2e_request_latency_seconds", "arrival to last token", L, registry=r, buckets=LATENCY_BUCKETS)
+        self.running = Gauge("baton_num_requests_running", "sequences in the running batch", L, registry=r)
+        self.waiting = Gauge("baton_num_requests_waiting", "sequences waiting", L, registry=r)
+        self.kv_usage = Gauge("baton_kv_cache_usage_ratio", "used KV blocks / all KV blocks", L, registry=r)
+        self.prefix_queries = Counter("baton_prefix_cache_queries", "prompt tokens looked up in the prefix cache", L, registry=r)
+        self.prefix_hits = Counter("baton_prefix_cache_hits", "prompt tokens found in the prefix cache", L, registry=r)
+        self.prompt_tokens = Counter("baton_prompt_tokens", "prompt tokens prefilled", L, registry=r)
+        self.generation_tokens = Counter("baton_generation_tokens", "tokens generated", L, registry=r)
+        self.kv_bytes = Counter("baton_kv_transfer_bytes", "KV bytes sent or received", L, registry=r)
+        self.kv_seconds = Histogram("baton_kv_transfer_seconds", "first layer sent to last layer received", L, registry=r, buckets=TRANSFER_BUCKETS)
+        self.kv_exposed = Histogram("baton_kv_exposed_transfer_seconds", "decode-ready minus prefill-end", L, registry=r, buckets=TRANSFER_BUCKETS)
+        self.prefill_busy = Counter("baton_prefill_busy_seconds", "time spent running prefill steps", L, registry=r)
+        self.migrations = Counter("baton_migrations", "sequences migrated", ["role", "direction"], registry=r)
+        self.worker_role = Gauge("baton_worker_role", "1 for the worker's current role", L, registry=r)
+        self.conversions = Counter("baton_role_conversions", "role switches done", L, registry=r)
+        self._seen: dict[str, float] = {}  # engine counters already exported
+        self._last_token_at: dict[str, float] = {}
+        self.set_role(role)
+
+    def set_role(self, role: str) -> None:
+        self.role = role
+        # create every series of the new role now, so dashboards see zeros, not gaps
+        for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
+                       self.prefix_queries, self.prefix_hits, self.prompt_tokens,
+                       self.generation_tokens, self.kv_bytes, self.kv_seconds, self.kv_exposed,
+                       self.prefill_busy, self.conversions):
+            metric.labels(role=role)
+        for direction in ("in", "out"):
+            self.migrations.labels(role=role, direction=direction)
+        for name in ROLES:
+            self.worker_role.labels(role=name).set(1.0 if name == role else 0.0)
+
+    # -- engine thread ------------------------------------------------------------------
+    def observe_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Latencies and generated tokens of the outputs of one step (or of a commit)."""
+        now = time.monotonic()
+        role = self.role
+        for out in outputs:
+            rid = out.request_id
+            if out.new_token_ids:
+                last = self._last_token_at.get(rid)
+                if last is None:
+                    if out.first_token_time is not None and len(out.token_ids) == len(out.new_token_ids):
+                        self.ttft.labels(role=role).observe(max(0.0, out.first_token_time - out.arrival_time))
+                else:
+                    self.itl.labels(role=role).observe(now - last)
+                self._last_token_at[rid] = now
+                if out.finish_reason != "prefill":
+                    self.generation_tokens.labels(role=role).inc(len(out.new_token_ids))
+            if out.finished:
+                self._last_token_at.pop(rid, None)
+                if out.finish_reason not in ("prefill", "abort"):
+                    self.e2e.labels(role=role).observe(max(0.0, now - out.arrival_time))
+
+    def sync_engine(self, engine) -> None:
+        """Add what the engine's cumulative counters gained since the last call."""
+        role = self.role
+        stats, blocks = engine.stats, engine.blocks
+        current = {
+            "prompt": stats.prompt_tokens,
+            "busy": stats.prefill_seconds,
+            # the block manager is replaced on a pool resize: key its counters by identity
+            f"queries-{id(blocks)}": blocks.prefix_queries,
+            f"hits-{id(blocks)}": blocks.prefix_hits,
+        }
+        targets = {"prompt": self.prompt_tokens, "busy": self.prefill_busy,
+                   "queries": self.prefix_queries, "hits": self.prefix_hits}
+        for key, value in current.items():
+            gained = value - self._seen.get(key, 0)
+            if gained > 0:
+                targets[key.split("-")[0]].labels(role=role).inc(gained)
+            self._seen[key] = value
+
+    # -- transfers ----------------------------------------------------------------------
+    def observe_transfer(self, nbytes: int, seconds: float, exposed: float | None = None) -> None:
+        self.kv_bytes.labels(role=self.role).inc(nbytes)
+        self.kv_seconds.labels(role=self.role).observe(max(0.0, seconds))
+        if exposed is not None:
+            self.kv_exposed.labels(role=self.role).observe(max(0.0, exposed))
+
+    def observe_migration(self, direction: str) -> None:
+        self.migrations.labels(role=self.role, direction=direction).inc()
+
+    # -- scrape ---------------------------------------------------------------------------
+    def render(self, engine) -> bytes:
+        if engine is not None:
+            role = self.role
+            # plain reads of sizes: a scrape must not wait for a long prefill step
+            self.running.labels(role=role).set(len(engine.scheduler.running))
+            self.waiting.labels(role=role).set(len(engine.scheduler.waiting))
+            self.kv_usage.labels(role=role).set(engine.blocks.usage)
+        return generate_latest(self.registry)

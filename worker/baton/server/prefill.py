@@ -1,0 +1,245 @@
+"""Prefill side of the handoff: run a prompt and stream each layer's KV to a ticket.
+
+The prompt runs as a prefill_only request whose layer listener feeds a LayerStreamer. The
+wire carries whole layers (tokens [0, n)), so with chunked prefill the layers are sent
+during the prompt's last chunk, when every earlier chunk's KV is already in the cache; with
+whole-prompt steps (the prefill role's default) that is the whole prompt's compute. END
+goes out from the engine thread right after the first token is sampled; the HTTP handler
+then waits for the decode worker's ACK and only after it releases its own copy (into the
+prefix cache).
+
+When a chunk leaves exactly one prompt token, the engine runs that token as a decode step,
+which calls no layer listener; the layers are then sent right after the step, from the
+held blocks (correct, just without overlap for that prompt).
+
+The prefill side ignores stop rules (EOS, stop strings, max_tokens=1): it always holds the
+prompt's blocks until the ACK, and the decode worker applies the real rules to the first
+token when it commits the sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import replace
+
+from baton.engine.sequence import SequenceStatus
+from baton.kv.dtypes import dtype_name
+from baton.kv.stream import BackgroundLoop, LayerStreamer
+from baton.kv.ticket import Ticket
+from baton.kv.transport import TransferError, TransferRefused, TransferTimeout, select_transport
+from baton.server.errors import ApiError, bad_request
+from baton.server.test_hooks import corrupt_layer_hook, layer_delay_s
+
+
+class RequestAborted(Exception):
+    pass
+
+
+class SenderPool:
+    """One KV sender per decode worker, all on one background loop (reused connections)."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self.bg = BackgroundLoop("baton-kv-sender")
+        self._senders: dict[tuple[str, str], object] = {}
+        self._on_wire = corrupt_layer_hook()
+
+    def get(self, endpoint: str, worker_id: str):
+        key = (endpoint, worker_id)
+        if key not in self._senders:
+            transport = select_transport("auto", endpoint)
+            self._senders[key] = transport.sender(
+                endpoint, worker_id=worker_id, token=self.token, on_wire=self._on_wire
+            )
+        return self._senders[key]
+
+    def close(self) -> None:
+        for sender in self._senders.values():
+            try:
+                self.bg.run(sender.close(), timeout=5)
+            except Exception:
+                pass
+        self.bg.close()
+
+
+class _Handoff:
+    """One prompt's trip: the streamer and where the prompt's KV lies here."""
+
+    def __init__(self, ticket: Ticket, streamer: LayerStreamer, num_prompt_tokens: int):
+        self.ticket = ticket
+        self.streamer = streamer
+        self.num_prompt_tokens = num_prompt_tokens
+        self.finish_future = None  # set on the engine thread once the first token exists
+        self.first_token: int | None = None
+        self.logprob: float | None = None
+        self.delay_s = layer_delay_s()
+        self.queue = self.loop = None  # the HTTP handler's output queue and its loop
+        self.layers_fed: set[int] = set()
+
+    def listener(self, seq):
+        def on_layer(layer, k_cache, v_cache, chunk_start, chunk_end):
+            if chunk_end < self.num_prompt_tokens:
+                return  # an earlier chunk: its KV goes out with the last one
+            if layer == 0:
+                self.streamer.src_block_ids = list(seq.block_table)
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            self.feed(layer, k_cache, v_cache)
+
+        return on_layer
+
+    def feed(self, layer, k_cache, v_cache) -> None:
+        self.layers_fed.add(layer)
+        self.streamer.on_layer_done(layer, k_cache, v_cache)
+
+    def feed_missing_layers(self, seq, kv_caches) -> None:
+        """The prompt's last token ran as a decode step: send its layers from the cache now."""
+        if len(self.layers_fed) == len(kv_caches) or seq is None or seq.status != SequenceStatus.HELD:
+            return
+        if not self.layers_fed:
+            self.streamer.src_block_ids = list(seq.block_table)
+        for layer, (k_cache, v_cache) in enumerate(kv_caches):
+            if layer not in self.layers_fed:
+                self.feed(layer, k_cache, v_cache)
+
+
+class PrefillService:
+    def __init__(self, async_engine, metrics, senders: SenderPool):
+        self.ae = async_engine
+        self.metrics = metrics
+        self.senders = senders
+        self.active: dict[str, _Handoff] = {}  # engine thread view: requests being prefilled
+        self.active_ids: set[str] = set()  # server loop view, from the request to its cleanup
+        async_engine.step_observers.append(self._after_step)
+
+    def check_ticket(self, engine, ticket: Ticket, prompt_ids: list[int]) -> None:
+        cfg = engine.model_config
+        problems = []
+        if ticket.num_tokens != len(prompt_ids):
+            problems.append(f"num_tokens {ticket.num_tokens} != {len(prompt_ids)} prompt tokens")
+        if ticket.dtype != dtype_name(engine.dtype):
+            problems.append(f"dtype {ticket.dtype} != this worker's {dtype_name(engine.dtype)}")
+        if (ticket.num_layers, ticket.num_kv_heads, ticket.head_dim) != (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim):
+            problems.append("layers, KV heads or head_dim differ from this worker's model")
+        if problems:
+            raise bad_request("ticket: " + "; ".join(problems), "ticket_mismatch")
+
+    async def prefill(self, request_id: str, prompt_ids: list[int], params, ticket: Ticket, timeout_s: float) -> dict:
+        if ticket.request_id != request_id:
+            raise bad_request(f"ticket: it is for request {ticket.request_id!r}, not {request_id!r}", "ticket_mismatch")
+        deadline = time.monotonic() + timeout_s
+        engine = self.ae.engine
+        self.check_ticket(engine, ticket, prompt_ids)
+        sender = self.senders.get(ticket.kv_endpoint, ticket.worker_id)
+        streamer = LayerStreamer(
+            ticket, sender, self.senders.bg.loop, src_block_ids=[], src_block_size=engine.config.block_size
+        )
+        handoff = _Handoff(ticket, streamer, len(prompt_ids))
+        self.active_ids.add(request_id)
+        queue = self.ae.open_stream(request_id)
+        handoff.queue, handoff.loop = queue, asyncio.get_running_loop()
+        started = time.perf_counter()
+
+        held_params = replace(params, max_tokens=max(2, params.max_tokens), stop=[], stop_token_ids=[], ignore_eos=True)
+
+        def add_on_engine(engine):
+            engine.add_request(prompt_ids, held_params, request_id, prefill_only=True)
+            seq = engine.sequences[request_id]
+            seq.layer_listener = handoff.listener(seq)  # before its first step
+            self.active[request_id] = handoff
+
+        try:
+            try:
+                await self.ae.call(add_on_engine)
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+            out = await self._wait_first_token(queue, request_id, deadline)
+            if handoff.finish_future is None:
+                raise ApiError(500, f"prefill of {request_id!r} ended ({out.finish_reason}) without a handoff", "internal", "no_handoff")
+            report = await self._wait_ack(handoff, request_id, deadline)
+        except BaseException:
+            streamer.abort()
+            raise
+        finally:
+            self.active.pop(request_id, None)
+            self.ae.close_stream(request_id)
+            try:
+                # after ACK (or failure) the prompt's blocks go to this worker's prefix cache
+                await self.ae.call(lambda e: e.release(request_id))
+            finally:
+                self.active_ids.discard(request_id)
+        self.metrics.observe_transfer(report.total_bytes, report.transfer_seconds, report.exposed_seconds)
+        return {
+            "request_id": request_id,
+            "first_token": handoff.first_token,
+            "logprob": handoff.logprob,
+            "num_cached_tokens": out.num_cached_tokens,
+            "transfer": {
+                "bytes": report.total_bytes,
+                "layers": len(report.layers),
+                "prefill_seconds": report.compute_end - started,
+                "transfer_seconds": report.transfer_seconds,
+                # time the sender spent putting layers on the wire (not waiting for compute)
+                "wire_seconds": sum(t.send_end - t.send_start for t in report.layers.values()),
+                "exposed_seconds": report.exposed_seconds,
+                "overlapped_layers": report.overlapped_layers,
+                "resent_layers": report.resent_layers,
+            },
+        }
+
+    async def _wait_first_token(self, queue, request_id: str, deadline: float):
+        try:
+            async for out in self.ae.iterate(queue, max(0.0, deadline - time.monotonic())):
+                if out.finished:
+                    return out
+        except RequestAborted as exc:
+            raise ApiError(409, str(exc), "aborted", "aborted") from None
+        except TimeoutError:
+            raise ApiError(504, f"prefill of {request_id!r} did not finish before its deadline", "timeout", "prefill_timeout") from None
+        raise ApiError(500, f"prefill of {request_id!r} ended without output", "internal", "no_output")
+
+    async def _wait_ack(self, handoff: _Handoff, request_id: str, deadline: float):
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(handoff.finish_future), left + 1.0)
+        except TimeoutError:
+            raise ApiError(504, f"no ACK from the decode worker for {request_id!r} before the deadline", "timeout", "kv_timeout") from None
+        except TransferRefused as exc:
+            raise ApiError(502, f"decode worker refused the KV of {request_id!r}: {exc}", "kv_transfer", str(exc.info.code)) from None
+        except TransferTimeout as exc:
+            raise ApiError(504, f"KV transfer of {request_id!r} timed out: {exc}", "timeout", "kv_timeout") from None
+        except TransferError as exc:
+            raise ApiError(502, f"KV transfer of {request_id!r} failed: {exc}", "kv_transfer", "kv_failed") from None
+
+    def abort(self, request_id: str) -> bool:
+        handoff = self.active.get(request_id)
+        if handoff is None:
+            return False
+        handoff.streamer.abort()
+        handoff.loop.call_soon_threadsafe(
+            handoff.queue.put_nowait, RequestAborted(f"prefill of {request_id!r} was aborted")
+        )
+        return True
+
+    # -- engine thread ------------------------------------------------------------------
+    def _after_step(self, outputs, _elapsed) -> None:
+        for out in outputs:
+            handoff = self.active.get(out.request_id)
+            if handoff is None or not out.finished or handoff.finish_future is not None:
+                continue
+            if out.finish_reason == "abort" or not out.token_ids:
+                handoff.streamer.abort()
+                continue
+            engine = self.ae.engine
+            handoff.feed_missing_layers(engine.sequences.get(out.request_id), engine.runner.kv_caches)
+            # END right after sampling: the ACK wait starts without a trip through the loop
+            handoff.first_token = out.token_ids[0]
+            handoff.logprob = out.logprobs[0]["logprob"] if out.logprobs else None
+            left = max(1.0, handoff.ticket.expires_at - time.time())
+            handoff.finish_future = handoff.streamer.finish_async(handoff.first_token, handoff.logprob, left)
+
+
+def prefill_timeout_default() -> float:
+    return float(os.environ.get("BATON_PREFILL_TIMEOUT_S", "120"))

@@ -1,0 +1,68 @@
+"""Role profiles and the worker's lifecycle states (pure).
+
+A prefill worker wants a small KV pool (it holds a prompt only until the decode worker has
+acknowledged it) and a big per-step token budget with whole-prompt steps (so every layer is
+streamed while the rest of the prompt computes); a decode worker wants the opposite. A switch
+keeps the memory budget: what the KV pool gives up, activations of the bigger steps take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from baton.engine.config import ROLES
+
+ACTIVE, DRAINING, DRAINED, RESHARDING = "active", "draining", "drained", "resharding"
+STATES = (ACTIVE, DRAINING, DRAINED, RESHARDING)
+
+# KV pool and token budget are traded by this factor between the two roles.
+PREFILL_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    num_kv_blocks: int
+    max_num_batched_tokens: int
+    chunk_size: int  # 0 = whole prompts
+
+
+def _as_decode(role: str, shape: PoolShape) -> PoolShape:
+    """The decode-shaped pool equivalent to `shape` in role `role`."""
+    if role == "prefill":
+        return PoolShape(
+            shape.num_kv_blocks * PREFILL_FACTOR,
+            max(1, shape.max_num_batched_tokens // PREFILL_FACTOR),
+            shape.chunk_size or 512,
+        )
+    return shape
+
+
+def shape_for_role(role: str, start_role: str, start_shape: PoolShape) -> PoolShape:
+    """Pool shape for `role`, given the one the worker started with in `start_role`.
+
+    Switching back to the starting role restores the starting shape exactly.
+    """
+    for name in (role, start_role):
+        if name not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {name!r}")
+    if role == start_role:
+        return start_shape
+    decode = _as_decode(start_role, start_shape)
+    if role == "prefill":
+        return PoolShape(
+            max(1, decode.num_kv_blocks // PREFILL_FACTOR),
+            decode.max_num_batched_tokens * PREFILL_FACTOR,
+            0,
+        )
+    return decode
+
+
+def accepts(role: str, work: str) -> bool:
+    """Which roles take which work: `reserve` (decode side), `prefill`, `generate` (local)."""
+    table = {
+        "reserve": ("decode", "both"),
+        "prefill": ("prefill", "both"),
+        "generate": ("decode", "both"),
+        "import": ("decode", "both"),
+    }
+    return role in table[work]

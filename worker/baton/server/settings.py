@@ -1,0 +1,84 @@
+"""The worker's settings, from `baton worker` arguments (pure)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+
+from baton.engine.config import ROLES
+
+KV_TRANSPORTS = ("tcp", "shm", "auto")
+
+
+@dataclass
+class WorkerSettings:
+    role: str = "both"
+    model: str | None = None  # None: the bundled model
+    host: str = "127.0.0.1"
+    port: int = 8100
+    kv_port: int = 8101
+    kv_transport: str = "auto"  # the receiving side: auto = tcp; senders follow the ticket
+    advertise_host: str | None = None  # host put in tickets; default: --host, or the hostname
+    worker_id: str | None = None
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    chunk_size: int = 512
+    kv_cache_memory_gb: float = 1.0
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 64
+    threads: int | None = None
+    cpu_cores: list[int] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)  # decode workers to migrate to on drain
+    ticket_ttl_s: float = 30.0
+    insecure_no_token: bool = False
+
+    def validate(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"--role must be one of {ROLES}, got {self.role!r}")
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise ValueError(f"--kv-transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if self.ticket_ttl_s <= 0:
+            raise ValueError("--ticket-ttl must be positive")
+
+    @property
+    def name(self) -> str:
+        """This worker's identity in tickets and KV handshakes."""
+        if self.worker_id:
+            return self.worker_id
+        return f"{self.public_host}-{self.port}"
+
+    @property
+    def public_host(self) -> str:
+        if self.advertise_host:
+            return self.advertise_host
+        if self.host in ("0.0.0.0", "::", ""):
+            return socket.gethostname()
+        return self.host
+
+    @property
+    def receive_transport(self) -> str:
+        return "tcp" if self.kv_transport == "auto" else self.kv_transport
+
+    def kv_address(self) -> str:
+        """What the receiver listens on: host:port for tcp, a socket name for shm."""
+        if self.receive_transport == "shm":
+            return re.sub(r"[^A-Za-z0-9._-]", "-", self.name)[:100]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.kv_port}"
+
+    def engine_settings(self) -> dict:
+        settings = dict(
+            dtype=self.dtype,
+            block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            chunk_size=self.chunk_size,
+            kv_cache_memory_gb=self.kv_cache_memory_gb,
+            max_num_seqs=self.max_num_seqs,
+            role=self.role,
+            threads=self.threads,
+        )
+        if self.num_kv_blocks:
+            settings["num_kv_blocks"] = self.num_kv_blocks
+        return settings

@@ -1,0 +1,163 @@
+"""The worker: loads the engine and wires the handoff, streams, migration and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from baton.engine.async_engine import AsyncEngine
+from baton.engine.engine import Engine
+from baton.kv.stream import BackgroundLoop
+from baton.kv.transport import select_transport
+from baton.server.drain import Lifecycle
+from baton.server.errors import conflict
+from baton.server.intake import KVIntake
+from baton.server.metrics import WorkerMetrics
+from baton.server.migration import Migrator
+from baton.server.peers import Peers
+from baton.server.prefill import PrefillService, SenderPool
+from baton.server.roles import PoolShape
+from baton.server.settings import WorkerSettings
+from baton.server.streams import Ended, StreamBook
+
+log = logging.getLogger(__name__)
+
+# With --insecure-no-token the HTTP API is open; the KV transport still insists on a token,
+# so local workers share this fixed one.
+INSECURE_KV_TOKEN = "baton-insecure-local"
+JANITOR_INTERVAL_S = 0.2
+UNCLAIMED_STREAM_TTL_S = 120.0
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, token: str | None):
+        self.settings = settings
+        self.token = token  # None: --insecure-no-token
+        self.metrics = WorkerMetrics(settings.role)
+        self.engine: Engine | None = None
+        self.load_error: str | None = None
+        self._janitor: asyncio.Task | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self.engine is not None and hasattr(self, "lifecycle")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.public_host}:{self.settings.port}"
+
+    async def start(self) -> None:
+        s = self.settings
+        try:
+            self.engine = await asyncio.to_thread(Engine, s.model, **s.engine_settings())
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.exception("model load failed")
+            raise
+        self.ae = AsyncEngine(self.engine).start()
+        self.ae.step_observers.append(self._after_step)
+        self.book = StreamBook(self.ae)
+        kv_token = self.token or INSECURE_KV_TOKEN
+        self.intake = KVIntake(self.ae, self.book, self.metrics, worker_id=s.name, kv_endpoint="")
+        self.receiver_loop = BackgroundLoop("baton-kv-receiver")
+        self.receiver = select_transport(s.receive_transport).receiver(
+            self.intake, worker_id=s.name, address=s.kv_address(), token=kv_token
+        )
+        self.receiver_loop.run(self.receiver.start(), timeout=10)
+        self.intake.kv_endpoint = self._advertised_kv_endpoint()
+        self.senders = SenderPool(kv_token)
+        self.peers = Peers(self.token)
+        self.prefill = PrefillService(self.ae, self.metrics, self.senders)
+        self.migrator = Migrator(self.ae, self.book, self.peers, self.senders, self.metrics, self_url=self.url)
+        shape = PoolShape(self.engine.runner.num_blocks, s.max_num_batched_tokens, s.chunk_size)
+        self.lifecycle = Lifecycle(self.ae, self.migrator, self.metrics, role=s.role, start_shape=shape, peers=s.peers)
+        self._janitor = asyncio.get_running_loop().create_task(self._janitor_loop())
+        log.info("worker %s ready: role %s, %d KV blocks, kv %s", s.name, s.role,
+                 self.engine.runner.num_blocks, self.intake.kv_endpoint)
+
+    def _advertised_kv_endpoint(self) -> str:
+        if self.settings.receive_transport == "shm":
+            return self.receiver.endpoint
+        host = self.settings.public_host
+        host = f"[{host}]" if ":" in host else host
+        return f"tcp://{host}:{self.receiver.port}"
+
+    async def stop(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
+        if not self.loaded:
+            return
+        try:
+            self.receiver_loop.run(self.receiver.close(), timeout=5)
+        except Exception:
+            log.exception("closing the KV receiver failed")
+        self.receiver_loop.close()
+        self.senders.close()
+        await self.peers.close()
+        self.ae.shutdown()
+
+    # -- engine thread --------------------------------------------------------------------
+    def _after_step(self, outputs, _elapsed) -> None:
+        self.metrics.observe_outputs(outputs)
+        self.metrics.sync_engine(self.engine)
+
+    async def _janitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(JANITOR_INTERVAL_S)
+            try:
+                await self.intake.sweep_expired()
+                self.book.sweep_unclaimed(UNCLAIMED_STREAM_TTL_S, lambda rid: rid in self.engine.sequences)
+            except Exception:
+                log.exception("janitor pass failed")
+
+    # -- shared by the routes -------------------------------------------------------------
+    def check_request_id_free(self, request_id: str) -> None:
+        """Refuse an id already used here: a second stream would replace the first one's."""
+        if (self.book.has(request_id) or request_id in self.prefill.active_ids
+                or request_id in self.intake.reservations or request_id in self.engine.sequences):
+            raise conflict(f"request id {request_id!r} is already in use on this worker", "duplicate_request")
+
+    async def stop_request(self, request_id: str) -> bool:
+        """Abort a request wherever it is: reserved, running here, prefilling, or moved away."""
+        if await self.intake.cancel(request_id, f"request {request_id!r} was aborted"):
+            return True
+        if self.prefill.abort(request_id):
+            return True
+
+        def on_engine(engine):
+            seq = engine.sequences.get(request_id)
+            if seq is None or seq.is_finished:
+                return False
+            engine.abort(request_id)
+            engine.release(request_id)
+            return True
+
+        if await self.ae.call(on_engine):
+            self.book.push(request_id, Ended("abort"))
+            return True
+        return await self.migrator.forward_abort(request_id)
+
+    def state(self) -> dict:
+        engine = self.engine
+        doc = {"role": self.settings.role, "state": "loading", "running": 0, "waiting": 0, "kv_usage": 0.0}
+        if not self.loaded:
+            return doc
+        # plain reads: /internal/state must answer during a long prefill step
+        blocks = engine.blocks
+        doc.update(
+            role=self.lifecycle.role,
+            state=self.lifecycle.state,
+            running=len(engine.scheduler.running),
+            waiting=len(engine.scheduler.waiting),
+            kv_usage=blocks.usage,
+            free_blocks=blocks.num_free_blocks,
+            num_blocks=blocks.num_blocks,
+            block_size=engine.config.block_size,
+            reservations=len(self.intake.reservations),
+            worker_id=self.settings.name,
+            kv_endpoint=self.intake.kv_endpoint,
+            weights_ptr=engine.runner.model.embed.data_ptr(),
+            max_num_batched_tokens=engine.config.max_num_batched_tokens,
+            chunk_size=engine.config.chunk_size,
+        )
+        return doc
