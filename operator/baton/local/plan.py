@@ -37,7 +37,7 @@ def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_
         args += ["--cpu-core", str(plan.core), "--threads", "1"]
     if model:
         args += ["--model", model]
-    if chunk_size is not None:
+    if chunk_size is not None and plan.role != "prefill":  # chunking protects decodes
         args += ["--chunk-size", str(chunk_size)]
     if peers and plan.role in ("decode", "both"):
         args += ["--peers", ",".join(peers)]

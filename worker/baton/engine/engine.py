@@ -239,9 +239,11 @@ class Engine:
 
 def _listener_hook(batch):
     """One hook calling every prefill sequence's layer listener (the KV streamers)."""
+    # a prompt whose last chunk is a single token runs in the decode part of the step
+    chunks = [*batch.prefills, *((seq, 1) for seq in batch.decodes)]
     listeners = [
         (seq.layer_listener, seq.num_computed_tokens, seq.num_computed_tokens + n)
-        for seq, n in batch.prefills
+        for seq, n in chunks
         if seq.layer_listener is not None
     ]
     if not listeners:

@@ -23,7 +23,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--chunk-size", type=int, default=512, help="longest prefill chunk (0: whole prompts)")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="longest prefill chunk (0: whole prompts); default 0 for prefill "
+                        "workers (no decodes to protect, and every layer streams while the "
+                        "prompt computes), 512 otherwise")
     parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size (overrides memory)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
@@ -37,13 +40,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--log-level", default="info")
 
 
+def default_chunk_size(role: str) -> int:
+    return 0 if role == "prefill" else 512
+
+
 def settings_from_args(args) -> WorkerSettings:
     return WorkerSettings(
         role=args.role, model=None if args.model in ("bundled", "", None) else args.model,
         host=args.host, port=args.port, kv_port=args.kv_port, kv_transport=args.kv_transport,
         advertise_host=args.advertise_host, worker_id=args.worker_id, dtype=args.dtype,
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-        chunk_size=args.chunk_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+        chunk_size=default_chunk_size(args.role) if args.chunk_size is None else args.chunk_size,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
         cpu_cores=list(args.cpu_core), peers=[p for p in args.peers.split(",") if p],
         ticket_ttl_s=args.ticket_ttl, insecure_no_token=args.insecure_no_token,
