@@ -51,13 +51,13 @@ def paged_decode_attention(
     lens = context_lens.tolist()
     groups = _similar_length_groups(lens)
     if len(groups) == 1:
-        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, max(lens), scale)
+        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, lens, scale)
     out = torch.empty_like(q)
     for rows in groups:
         index = torch.tensor(rows, device=q.device)
         out[index] = _decode_group(
             q[index], k_cache, v_cache, block_tables[index], context_lens[index],
-            max(lens[r] for r in rows), scale,
+            [lens[r] for r in rows], scale,
         )
     return out
 
@@ -74,8 +74,9 @@ def _similar_length_groups(lens: list[int]) -> list[list[int]]:
     return groups
 
 
-def _decode_group(q, k_cache, v_cache, block_tables, context_lens, max_len: int, scale: float):
+def _decode_group(q, k_cache, v_cache, block_tables, context_lens, lens: list[int], scale: float):
     batch, num_heads, head_dim = q.shape
+    max_len = max(lens)
     block_size = k_cache.shape[1]
     num_blocks = -(-max_len // block_size)
     tables = block_tables[:, :num_blocks].long()
@@ -83,7 +84,7 @@ def _decode_group(q, k_cache, v_cache, block_tables, context_lens, max_len: int,
     k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
     v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
     mask = None
-    if bool((context_lens != max_len).any()):  # equal lengths need no mask
+    if min(lens) != max_len:  # equal lengths need no mask
         positions = torch.arange(max_len, device=q.device)
         mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
     out = F.scaled_dot_product_attention(
@@ -143,9 +144,8 @@ def paged_prefill_attention(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, returned in x's dtype (as HF Llama does)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)  # one fused op, same bits
+    return weight * normed.to(x.dtype)
 
 
 def fused_add_rms_norm(
