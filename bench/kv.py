@@ -3,10 +3,14 @@
 For 512, 2,048 and 4,096-token prompts (fresh random tokens each run, so no prefix-cache
 hits) it measures, per run: KV bytes moved, prefill time, transfer time (first layer sent
 to ACK), wire time (the sender's time on the wire), exposed transfer (ACK minus end of
-prefill, i.e. what the handoff adds to TTFT), and a back-to-back transfer of the same KV
-between two decode workers (a migration: every layer is ready, so nothing waits for
-compute). Effective bandwidth is compared with a raw loopback socket copy of the same
-bytes (bench/raw_loopback.py) measured in the same run.
+prefill, i.e. what the handoff adds to TTFT), and a back-to-back handoff of the same
+bytes: this process plays the prefill side with the very code a prefill worker runs
+(LayerStreamer, the transport's sender), fed every layer at once from a KV snapshot, into
+the real decode worker (receiver, checksums, scatter into reserved blocks, ACK); the time
+runs from the first layer's gather to the ACK. That is the handoff path without compute
+pacing it, so effective bandwidth = bytes / that time, compared with a raw loopback socket
+copy of the same bytes (bench/raw_loopback.py) measured in the same run. A migration
+between two decode workers is timed too (informational: a different sender path).
 
 Targets: effective bandwidth ≥ 0.7 × raw; exposed ≤ 2 × (transfer ÷ layers) + 5 ms.
 
@@ -146,11 +150,77 @@ def bulk_once(prefill: Worker, source: Worker, target: Worker, length: int, rng:
     return moved["transfer"]
 
 
-def summarize(length: int, runs: list[dict], bulk: list[dict], raw: dict, layers: int) -> dict:
+class SnapshotSource:
+    """A prefill worker's KV in miniature: random caches in the ticket's layout, in this
+    process, streamed by the prefill worker's own LayerStreamer and sender."""
+
+    BLOCK_SIZE = 16
+
+    def __init__(self, ticket: dict, length: int):
+        import torch
+
+        from baton.kv.dtypes import torch_dtype
+
+        self.blocks = list(range(-(-length // self.BLOCK_SIZE)))
+        shape = (len(self.blocks), self.BLOCK_SIZE, ticket["num_kv_heads"], ticket["head_dim"])
+        dtype = torch_dtype(ticket["dtype"])
+        gen = torch.Generator().manual_seed(length)
+        self.caches = [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+                       for _ in range(ticket["num_layers"])]
+
+
+def stream_once(decode: Worker, length: int, rng: random.Random, rid: str, state: dict) -> dict:
+    """Back-to-back handoff into `decode`: every layer is ready, nothing waits for compute."""
+    from baton.kv.stream import BackgroundLoop, LayerStreamer
+    from baton.kv.ticket import Ticket
+    from baton.kv.transport import select_transport
+
+    ids = [rng.randrange(*VOCAB_RANGE) for _ in range(length)]
+    params = {"max_tokens": 1, "ignore_eos": True}
+    ticket = Ticket.from_dict(decode.post("/internal/reserve", {"request_id": rid, "prompt_token_ids": ids,
+                                                                "params": params, "ttl_s": 600})["ticket"])
+    if state.get("source_for") != len(ids):
+        state["source"], state["source_for"] = SnapshotSource(ticket.to_dict(), len(ids)), len(ids)
+    if "loop" not in state:  # one sender (one connection) for all runs, as in a prefill worker
+        state["loop"] = BackgroundLoop("bench-kv-sender")
+        state["sender"] = select_transport("auto", ticket.kv_endpoint).sender(
+            ticket.kv_endpoint, worker_id=ticket.worker_id, token=TOKEN)
+    # the sender side on one core with one torch thread, as a prefill worker is (its loop
+    # thread inherits this); two OpenMP threads on one core stall each gather by ~15 ms
+    import torch
+
+    torch.set_num_threads(1)
+    all_cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        return _stream(decode, ids, rid, ticket, state, LayerStreamer)
+    finally:
+        os.sched_setaffinity(0, all_cores)
+
+
+def _stream(decode: Worker, ids: list[int], rid: str, ticket, state: dict, LayerStreamer) -> dict:
+    source = state["source"]
+    reader = StreamReader(decode, rid)
+    streamer = LayerStreamer(ticket, state["sender"], state["loop"].loop, src_block_ids=source.blocks,
+                             src_block_size=SnapshotSource.BLOCK_SIZE)
+    started = time.perf_counter()
+    for layer, (k, v) in enumerate(source.caches):
+        streamer.on_layer_done(layer, k, v)
+    report = streamer.finish(first_token=ids[0], timeout=120)
+    reader.join(60)
+    if reader.errors or reader.tokens != [ids[0]]:
+        raise RuntimeError(f"decode stream of {rid}: {reader.errors or reader.tokens}")
+    return {"bytes": report.total_bytes, "seconds": report.ack_at - started,
+            "end_to_ack_seconds": report.ack_at - report.compute_end}
+
+
+def summarize(length: int, runs: list[dict], bulk: list[dict], migration: list[dict], raw: dict,
+              layers: int) -> dict:
     med = lambda key: statistics.median(r[key] for r in runs)
-    nbytes = runs[0]["bytes"]
+    nbytes = bulk[0]["bytes"]
     bulk_seconds = statistics.median(b["seconds"] for b in bulk)
     effective = nbytes / bulk_seconds / 1e9
+    migration_seconds = statistics.median(m["seconds"] for m in migration)
     exposed_limit = 2 * bulk_seconds / layers + 0.005
     return {
         "prompt_tokens": length,
@@ -163,6 +233,8 @@ def summarize(length: int, runs: list[dict], bulk: list[dict], raw: dict, layers
         "overlapped_layers": statistics.median(r["overlapped_layers"] for r in runs),
         "bulk_transfer_seconds": bulk_seconds,
         "effective_gbps": effective,
+        "migration_seconds": migration_seconds,
+        "migration_gbps": migration[0]["bytes"] / migration_seconds / 1e9,
         "wire_gbps": nbytes / med("wire_seconds") / 1e9,
         "raw_loopback_gbps": raw["gbps"],
         "effective_vs_raw": effective / raw["gbps"],
@@ -171,6 +243,7 @@ def summarize(length: int, runs: list[dict], bulk: list[dict], raw: dict, layers
         "meets_exposed_target": med("exposed_seconds") <= exposed_limit,
         "runs": runs,
         "bulk_runs": bulk,
+        "migration_runs": migration,
         "raw_runs": raw["runs"],
     }
 
@@ -185,6 +258,7 @@ def main() -> int:
     args = parser.parse_args()
 
     load_at_start = os.getloadavg()
+    stream_state: dict = {}
     common = ["--dtype", args.dtype, "--block-size", "16", "--kv-cache-memory-gb", "0.5"]
     decode_args = [*common, "--kv-transport", args.transport]
     # prefill: whole-prompt steps, so every layer streams while the rest of the prompt computes
@@ -199,12 +273,15 @@ def main() -> int:
         decode_state = httpx.get(decode.url + "/internal/state", headers=HEADERS).json()
         rng = random.Random(0)
         handoff_once(prefill, decode, 64, rng, "warmup")  # connections, allocator, caches
+        stream_once(decode, 64, rng, "warmup-stream", stream_state)
         results = []
         for length in [int(x) for x in args.lengths.split(",")]:
             runs = [handoff_once(prefill, decode, length, rng, f"pd-{length}-{i}") for i in range(args.repeats)]
-            bulk = [bulk_once(prefill, decode, spare, length, rng, f"bulk-{length}-{i}") for i in range(args.repeats)]
-            raw = raw_copy_gbps(runs[0]["bytes"], repeats=args.repeats)
-            row = summarize(length, runs, bulk, raw, runs[0]["layers"])
+            bulk = [stream_once(decode, length, rng, f"bulk-{length}-{i}", stream_state) for i in range(args.repeats)]
+            migration = [bulk_once(prefill, decode, spare, length, rng, f"migrate-{length}-{i}")
+                         for i in range(args.repeats)]
+            raw = raw_copy_gbps(bulk[0]["bytes"], repeats=args.repeats)
+            row = summarize(length, runs, bulk, migration, raw, runs[0]["layers"])
             results.append(row)
             print(json.dumps({k: v for k, v in row.items() if not k.endswith("runs")}), flush=True)
         doc = {
@@ -216,8 +293,10 @@ def main() -> int:
             "load_average_at_start": load_at_start,  # 1, 5, 15 min: other work skews every number
             "load_average_at_end": os.getloadavg(),
             "decode_worker": {k: decode_state[k] for k in ("num_blocks", "block_size", "kv_endpoint")},
-            "notes": "medians over repeats; effective bandwidth from the back-to-back (migration) "
-                     "transfer; transfer_seconds spans the layer-wise stream and is paced by compute",
+            "notes": "medians over repeats; effective bandwidth from the back-to-back handoff (this "
+                     "process runs the prefill side's LayerStreamer and sender into the real decode "
+                     "worker; first gather to ACK); migration_* is informational; transfer_seconds "
+                     "spans the layer-wise stream and is paced by compute",
             "results": results,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -226,6 +305,8 @@ def main() -> int:
     finally:
         for w in workers:
             w.stop()
+        if "loop" in stream_state:
+            stream_state["loop"].close()
     return 0
 
 

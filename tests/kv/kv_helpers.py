@@ -7,6 +7,7 @@ import time
 import uuid
 
 import torch
+
 from baton.kv.layout import scatter_layer
 from baton.kv.ticket import Ticket
 from baton.kv.transport import KVSink, select_transport

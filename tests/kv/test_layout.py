@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from baton.kv.layout import gather_layer, scatter_layer
 from kv_helpers import random_caches
+
+from baton.kv.layout import gather_layer, scatter_layer
 
 
 def tokens_of(k, v, block_ids, block_size, num_tokens):

@@ -4,10 +4,11 @@ import time
 
 import pytest
 import torch
+from kv_helpers import make_ticket
+
 from baton.kv.messages import EndSummary, ErrorCode
 from baton.kv.protocol import Refusal, TransferProgress, check_ticket_usable
 from baton.kv.wire import layer_header
-from kv_helpers import make_ticket
 
 
 def header_for(ticket, layer, tokens=None, heads=None, blocks=None, dtype=torch.float32):

@@ -5,6 +5,8 @@ import socket
 
 import pytest
 import torch
+from kv_helpers import CacheSink, make_ticket, random_caches, receiver_for, run
+
 from baton.kv.conn import FrameConn
 from baton.kv.layout import gather_layer
 from baton.kv.messages import ErrorCode, ErrorInfo, decode_control
@@ -12,7 +14,6 @@ from baton.kv.shm import ShmTransport
 from baton.kv.tcp import TcpTransport
 from baton.kv.transport import TOKEN_ENV, internal_token, select_transport
 from baton.kv.wire import FrameKind, layer_header
-from kv_helpers import CacheSink, make_ticket, random_caches, receiver_for, run
 
 
 def test_select_by_name_and_endpoint():

@@ -4,10 +4,11 @@ import time
 
 import pytest
 import torch
+from kv_helpers import CacheSink, make_ticket, random_caches, receiver_for, sender_for
+
 from baton.kv.layout import gather_layer
 from baton.kv.stream import BackgroundLoop, LayerStreamer
 from baton.kv.transport import TransferError
-from kv_helpers import CacheSink, make_ticket, random_caches, receiver_for, sender_for
 
 LAYERS = 6
 

@@ -2,9 +2,10 @@ import json
 import time
 
 import pytest
+from kv_helpers import make_ticket
+
 from baton.kv.endpoint import parse_endpoint
 from baton.kv.ticket import Ticket
-from kv_helpers import make_ticket
 
 
 def test_round_trip_through_json():

@@ -7,11 +7,12 @@ import time
 
 import pytest
 import torch
+from kv_helpers import CacheSink, make_ticket, random_caches, receiver_for, run, sender_for
+
 from baton.kv.layout import gather_layer
 from baton.kv.messages import ErrorCode
 from baton.kv.shm import segment_dir
 from baton.kv.transport import TransferError, TransferRefused
-from kv_helpers import CacheSink, make_ticket, random_caches, receiver_for, run, sender_for
 
 LAYERS, HEADS, HEAD_DIM = 4, 4, 8
 SRC_BLOCKS, SRC_BLOCK_SIZE = [6, 1, 4, 0, 7], 16  # prefill side: 16-token blocks

@@ -4,6 +4,7 @@ import struct
 
 import pytest
 import torch
+
 from baton.kv.messages import (
     Ack,
     EndSummary,

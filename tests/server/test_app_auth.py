@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
+
 from baton.server.app import create_app
 from baton.server.settings import WorkerSettings
 from baton.server.worker import Worker
-from fastapi.testclient import TestClient
 
 TOKEN = "unit-token"
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
-from baton.kv.transport import TransferRefused, select_transport
 
+from baton.kv.transport import TransferRefused, select_transport
 from tests.server.conftest import GREEDY
 from tests.server.workers import handoff, new_id
 
@@ -152,3 +153,52 @@ def test_a_request_id_in_use_is_refused(cluster, prompt_ids):
     assert decode.post("/internal/generate", body).status_code == 409
     assert decode.post(f"/internal/abort/{rid}").status_code == 200
     assert decode.post(f"/internal/abort/{rid}").status_code == 404
+
+
+@pytest.mark.parametrize("decoder", ["decode-tcp", "decode-shm"])
+def test_back_to_back_stream_from_an_outside_sender(cluster, prompt_ids, decoder):
+    """What bench/kv.py times: every layer handed to a LayerStreamer at once (pooled buffers,
+    reused twice), into a real decode worker that ACKs before its engine commits."""
+    import torch
+
+    from baton.kv.stream import BackgroundLoop, LayerStreamer
+    from baton.kv.ticket import Ticket
+    from tests.server.workers import TOKEN, read_stream
+
+    decode, ids = cluster[decoder], prompt_ids[3]
+    params = {**GREEDY, "max_tokens": 3}
+
+    async def one(sender, loop, caches, blocks):
+        rid = new_id("b2b")
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client:
+            reply = await client.post(decode.url + "/internal/reserve", json={
+                "request_id": rid, "prompt_token_ids": ids, "params": params, "headroom_tokens": 16})
+            ticket = Ticket.from_dict(reply.json()["ticket"])
+            stream = asyncio.create_task(read_stream(client, "GET", f"{decode.url}/internal/stream/{rid}"))
+            streamer = LayerStreamer(ticket, sender, loop, src_block_ids=blocks, src_block_size=16)
+
+            def push():
+                for layer, (k, v) in enumerate(caches):
+                    streamer.on_layer_done(layer, k, v)
+                return streamer.finish(first_token=ids[0], timeout=30)
+
+            report = await asyncio.to_thread(push)
+            return report, await asyncio.wait_for(stream, 60)
+
+    with BackgroundLoop() as bg:
+        probe = Ticket.from_dict(decode.post("/internal/reserve", {
+            "request_id": (rid := new_id("probe")), "prompt_token_ids": ids, "params": params}).json()["ticket"])
+        assert decode.post(f"/internal/abort/{rid}").status_code == 200
+        blocks = list(range(-(-len(ids) // 16)))
+        shape = (len(blocks), 16, probe.num_kv_heads, probe.head_dim)
+        caches = [(torch.randn(shape), torch.randn(shape)) for _ in range(probe.num_layers)]
+        sender = select_transport("auto", probe.kv_endpoint).sender(
+            probe.kv_endpoint, worker_id=probe.worker_id, token=TOKEN)
+        try:
+            for _ in range(2):
+                report, result = asyncio.run(one(sender, bg.loop, caches, blocks))
+                assert report.ack is not None and report.ack.layers == probe.num_layers
+                assert not result["errors"], result["errors"]
+                assert result["token_ids"][0] == ids[0] and len(result["token_ids"]) == 3
+        finally:
+            bg.run(sender.close(), timeout=5)

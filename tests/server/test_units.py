@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+
 from baton.engine.outputs import RequestOutput
 from baton.server import main, sse
 from baton.server.errors import ApiError

@@ -12,6 +12,7 @@ import asyncio
 import socket
 
 import torch
+
 from baton.kv.wire import PREAMBLE_SIZE, FrameHeader, body_length, decode_header, encode_frame
 
 _SKIP_CHUNK = 1 << 20

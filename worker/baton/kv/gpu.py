@@ -11,6 +11,7 @@ verify before the sequence starts. Nothing bounces through host memory.
 from __future__ import annotations
 
 import torch
+
 from baton.kv.transport import Transport
 
 

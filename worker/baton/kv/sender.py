@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import torch
+
 from baton.kv.conn import ConnectionClosed, FrameConn
 from baton.kv.messages import (
     RETRYABLE,

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import replace
 
 import torch
+
 from baton.kv.conn import FrameConn
 from baton.kv.endpoint import Endpoint, parse_endpoint
 from baton.kv.receiver import FrameReceiver

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from baton.kv.buffers import SEND_BUFFERS, BufferPool
 from baton.kv.layout import gather_layer
 from baton.kv.messages import Ack
 from baton.kv.ticket import Ticket
@@ -96,6 +98,7 @@ class LayerStreamer:
         src_block_ids,
         src_block_size: int,
         clock=time.perf_counter,
+        buffers: BufferPool = SEND_BUFFERS,
     ):
         """`src_block_ids`/`src_block_size`: where the prompt's KV lies in *this* worker's
         cache; the ticket says where it goes on the receiver. `loop` runs `sender` on
@@ -107,6 +110,8 @@ class LayerStreamer:
         self.src_block_size = src_block_size
         self.clock = clock
         self.report = StreamReport(ticket.request_id, ticket.total_payload_nbytes)
+        self._pool = buffers
+        self._buffers: list[torch.Tensor] = []  # back to the pool once the transfer is over
         self._queue: asyncio.Queue | None = None
         self._queue_ready = threading.Event()
         self._error: BaseException | None = None
@@ -121,17 +126,14 @@ class LayerStreamer:
         compute_end = self.clock()
         if self._error is not None:
             return  # the transfer already failed; finish() will say why, compute goes on
-        payload = gather_layer(
-            k_cache,
-            v_cache,
-            self.src_block_ids,
-            self.src_block_size,
-            self.ticket.num_tokens,
-            self.ticket.head_start,
-            self.ticket.head_end,
-        )
-        if payload.device.type != "cpu":
-            payload = payload.to("cpu")  # the socket transports send from host memory
+        t = self.ticket
+        out = self._pool.acquire(t.layer_payload_shape, k_cache.dtype)
+        self._buffers.append(out)
+        args = (self.src_block_ids, self.src_block_size, t.num_tokens, t.head_start, t.head_end)
+        if k_cache.device.type == "cpu":
+            payload = gather_layer(k_cache, v_cache, *args, out=out)
+        else:  # the socket transports send from host memory
+            payload = out.copy_(gather_layer(k_cache, v_cache, *args))
         self.report.layers[layer] = LayerTiming(compute_end=compute_end, gathered=self.clock())
         self._put((layer, payload))
 
@@ -193,3 +195,6 @@ class LayerStreamer:
         finally:
             if transfer is not None:
                 await transfer.abort()
+            buffers, self._buffers = self._buffers, []
+            for buf in buffers:
+                self._pool.release(buf)

@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import torch
+
 from baton.kv.conn import FrameConn
 from baton.kv.endpoint import Endpoint, parse_endpoint
 from baton.kv.receiver import FrameReceiver

@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 
 import torch
+
 from baton.kv.dtypes import DTYPE_NAMES, is_known_dtype, itemsize, torch_dtype
 from baton.kv.endpoint import parse_endpoint
 

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+
 from baton.kv.endpoint import parse_endpoint
 from baton.kv.messages import Ack, ErrorInfo
 from baton.kv.ticket import Ticket

@@ -24,6 +24,7 @@ from enum import IntEnum
 import crc32c
 import numpy as np
 import torch
+
 from baton.kv.dtypes import dtype_code, dtype_from_code, dtype_name, itemsize, torch_dtype
 from baton.kv.layout import gather_layer, scatter_layer  # noqa: F401  (the wire's tensor side)
 

@@ -9,6 +9,7 @@ lock: no step reads or writes the blocks of a sequence that is not scheduled.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -24,7 +25,8 @@ from baton.server.streams import StreamBook
 
 log = logging.getLogger(__name__)
 
-OPEN, COMMITTED, CANCELLED = "open", "committed", "cancelled"
+# COMMITTING: every layer is in and ACKed; the engine adds the sequence at its next turn.
+OPEN, COMMITTING, COMMITTED, CANCELLED = "open", "committing", "committed", "cancelled"
 
 
 @dataclass
@@ -45,6 +47,7 @@ class KVIntake(KVSink):
         self.worker_id = worker_id
         self.kv_endpoint = kv_endpoint
         self.reservations: dict[str, Reservation] = {}
+        self._commits: set = set()  # commit tasks in flight (a reference keeps them alive)
 
     # -- reserving (server loop) ----------------------------------------------------------
     def _ticket(self, engine, request_id: str, block_ids: list[int], num_tokens: int, ttl_s: float) -> Ticket:
@@ -136,20 +139,44 @@ class KVIntake(KVSink):
             res.layers_written.add(layer)
 
     async def finish(self, ticket: Ticket, first_token: int, logprob: float | None, stats: ReceiveStats) -> None:
-        res = self.reservations.get(ticket.request_id)
+        """Every layer is written and verified: queue the commit and return at once, so the
+        receiver's ACK does not wait for a trip through the engine thread (the ACK promises
+        the KV arrived intact; the sequence joins the batch at the engine's next turn)."""
+        rid = ticket.request_id
+        res = self.reservations.get(rid)
         if res is None:
-            raise RuntimeError(f"no reservation for {ticket.request_id!r}")
-        await self.ae.call(self._commit_on_engine, res, first_token, logprob)
-        self.reservations.pop(ticket.request_id, None)
+            raise RuntimeError(f"no reservation for {rid!r}")
+        with res.lock:
+            if res.state != OPEN:
+                raise RuntimeError(f"reservation for {rid!r} was {res.state} before its KV completed")
+            res.state = COMMITTING  # from here neither cancel() nor expiry takes the blocks
+        self.reservations.pop(rid, None)
+        task = asyncio.get_running_loop().create_task(self._commit(res, first_token, logprob))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
         self.metrics.observe_transfer(stats.total_bytes, stats.end_at - stats.first_layer_at)
         if res.kind == "import":
             self.metrics.observe_migration("in")
 
+    async def _commit(self, res: Reservation, first_token: int, logprob) -> None:
+        try:
+            await self.ae.call(self._commit_on_engine, res, first_token, logprob)
+        except Exception as exc:
+            rid = res.ticket.request_id
+            log.warning("committing %s after its KV arrived failed: %s", rid, exc)
+            with res.lock:
+                res.state = CANCELLED
+            try:
+                await self.ae.call(lambda engine: handoff.cancel_remote(engine, rid))  # no leak
+            except Exception:
+                log.exception("freeing the blocks of %s failed", rid)
+            self.book.push(rid, RuntimeError(f"could not start {rid!r} after its KV arrived: {exc}"))
+
     def _commit_on_engine(self, engine, res: Reservation, first_token: int, logprob) -> None:
         rid = res.ticket.request_id
         with res.lock:
-            if res.state != OPEN:
-                raise RuntimeError(f"reservation for {rid!r} was {res.state} before its KV completed")
+            if res.state != COMMITTING:
+                raise RuntimeError(f"reservation for {rid!r} was {res.state} before its commit")
             if res.kind == "import":
                 handoff.commit_import(engine, rid)
                 res.state = COMMITTED
