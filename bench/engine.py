@@ -64,9 +64,10 @@ def prefill_flops(cfg, tokens: int, logits_rows: int) -> float:
 
 
 def run_dtype(dtype_name: str, args) -> dict:
+    from transformers import AutoModelForCausalLM
+
     from baton.engine import Engine, SamplingParams
     from baton.engine.loader import bundled_model_path
-    from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, dtype_name)
     path = bundled_model_path()

@@ -19,6 +19,7 @@ import statistics
 import time
 
 import httpx
+
 from baton.local.runtime import LocalStack, StackSpec
 
 

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from baton.autoscaler import sizing
 
 LLAMA3_70B_KV = sizing.kv_bytes_per_token(n_layers=80, n_kv_heads=8, head_dim=128, dtype_bytes=2)

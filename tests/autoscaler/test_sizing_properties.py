@@ -1,8 +1,9 @@
 """Monotonicity of the sizing formulas: more load never asks for fewer workers."""
 
-from baton.autoscaler import sizing
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from baton.autoscaler import sizing
 
 rates = st.floats(0.0, 500.0)
 lengths = st.floats(1.0, 50_000.0)

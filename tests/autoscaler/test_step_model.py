@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+
 from baton.autoscaler.step_model import DecodeStepModel
 
 

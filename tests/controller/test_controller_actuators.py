@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from fleet_harness import FakeWorker
+
 from baton.api import parse_spec
 from baton.autoscaler.actuator import ActuationError
 from baton.autoscaler.estimate import PoolState
@@ -10,7 +12,6 @@ from baton.autoscaler.inputs import Action, Decision
 from baton.autoscaler.kube_actuator import pending_conversions, pool_state, spec_patch
 from baton.autoscaler.ray_actuator import RayActuator, WorkerState, choose_worker, committed_split
 from baton.operator.planning import PodView
-from fleet_harness import FakeWorker
 
 
 def pod(name, role, state="active", ready=True, created="2025-01-01T00:00:00Z"):

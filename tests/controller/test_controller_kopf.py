@@ -13,10 +13,11 @@ from typing import Any
 
 import kopf
 import pytest
-from baton.api.models import SizingDecision
-from baton.operator.config import OperatorConfig
 from fleet_harness import FakeWorker, FleetDriver, Traffic
 from operator_harness import NAMESPACE, api, eventually, running_operator
+
+from baton.api.models import SizingDecision
+from baton.operator.config import OperatorConfig
 
 pytestmark = pytest.mark.asyncio
 NAME = "auto"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from fleet_harness import FakeWorker, Traffic, WorkerMetrics
+
 from baton.autoscaler.metrics import COUNTERS, GAUGES, SeriesRates, summarise
 from baton.autoscaler.metrics_prometheus import series_from_results
 from baton.autoscaler.metrics_scrape import (
@@ -21,7 +23,6 @@ from baton.autoscaler.promql import (
     role_query,
     snapshot_queries,
 )
-from fleet_harness import FakeWorker, Traffic, WorkerMetrics
 
 
 def test_counter_query_text():

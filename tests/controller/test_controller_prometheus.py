@@ -6,10 +6,11 @@ import asyncio
 import time
 
 import pytest
-from baton.autoscaler.metrics_prometheus import PrometheusSource
 from fleet_harness import Traffic, WorkerMetrics
 from prometheus_client import start_http_server
 from prometheus_fixture import free_port, running_prometheus
+
+from baton.autoscaler.metrics_prometheus import PrometheusSource
 
 TRAFFIC = Traffic(arrival_rate=6, input_len=1000, output_len=10, hit_rate=0.5,
                   prefill_supply=20_000, step_s=0.04, batch=5, kv_usage=0.25)

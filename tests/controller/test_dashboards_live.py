@@ -21,13 +21,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_fixture import free_port, running_prometheus
+
 from baton.autoscaler.inputs import PolicyConfig
 from baton.autoscaler.loop import Controller
 from baton.autoscaler.metrics_scrape import ScrapeSource
 from baton.autoscaler.policy import SizingPolicy
 from baton.autoscaler.ray_actuator import RayActuator
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_fixture import free_port, running_prometheus
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,9 @@ NEW_TOKENS = 32
 @pytest.fixture(scope="session")
 def hf_reference():
     """HF transformers' greedy continuation of every prompt (the correctness reference)."""
-    from baton.engine.loader import bundled_model_path
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from baton.engine.loader import bundled_model_path
 
     path = bundled_model_path()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)

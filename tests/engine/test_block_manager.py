@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from baton.engine.block_manager import BlockManager, NoFreeBlocks, block_hashes, chain_hash
 from baton.engine.sampling import SamplingParams
 from baton.engine.sequence import Sequence

@@ -8,6 +8,7 @@ and every block comes back.
 from __future__ import annotations
 
 import pytest
+
 from baton.engine import SamplingParams, handoff
 from baton.engine.block_manager import NoFreeBlocks
 from baton.kv.layout import gather_layer, scatter_layer

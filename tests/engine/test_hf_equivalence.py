@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from baton.engine import SamplingParams
 
 from .conftest import NEW_TOKENS, PROMPTS, make_engine

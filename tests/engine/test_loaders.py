@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from baton.engine import SamplingParams
 from baton.engine.gguf_source import unpermute_rows
 from baton.engine.models.rope import inverse_frequencies

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from baton.loadgen.datasets import interference_longs, random_dataset, shared_prefix_dataset
 from baton.loadgen.records import records_from_json
 from baton.loadgen.stats import RequestRecord, Slo, parse_slo, percentile, summarize

@@ -8,8 +8,9 @@ from typing import Any
 import kopf
 import pytest
 import pytest_asyncio
-from baton.operator.config import OperatorConfig
 from operator_harness import RESOURCES, FakeWorker, declare, running_operator
+
+from baton.operator.config import OperatorConfig
 
 
 @pytest_asyncio.fixture

@@ -11,6 +11,7 @@ from typing import Any
 
 import kopf
 from aiohttp import web
+
 from baton.operator.config import OperatorConfig, configure
 from baton.operator.handlers import register
 

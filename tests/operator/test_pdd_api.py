@@ -8,6 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+
 from baton.api import SpecProblem, models, parse_spec
 from baton.api.cel import rules_of
 from baton.api.crd import build_crd, open_api_schema

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import uvicorn
+
 from baton.router.app import RouterConfig, create_app
 from baton.router.discovery import StaticDiscovery
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+
 from baton.router.discovery import KubernetesDiscovery, member_from_pod
 from baton.router.pool import WorkerPool
 from baton.router.worker_client import WorkerClient

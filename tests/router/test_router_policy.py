@@ -6,6 +6,7 @@ import asyncio
 import math
 
 import pytest
+
 from baton.router.admission import AdmissionQueue, Overloaded
 from baton.router.policy import PrefixIndex, WorkerSnapshot, choose_path, rank_decode, rank_prefill
 from baton.router.threshold import ThresholdEstimator, parse_threshold, threshold_tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from baton.engine.tokenizer import IncrementalDetokenizer
 from baton.router.protocol import ApiError, parse_chat, parse_completion
 from baton.router.textstream import TextAssembler

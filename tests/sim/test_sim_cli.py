@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from baton.cli import main
 
 

@@ -8,6 +8,7 @@ least 95% of the oracle, 90% SLO attainment, and a clear margin over the best st
 """
 
 import pytest
+
 from baton.sim.hardware import worker_perf
 from baton.sim.scenario import ScenarioConfig, compare
 

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+
 from baton.sim.fleet import DECODE, PREFILL, Fleet, FleetConfig
 from baton.sim.hardware import GPUS, MODELS, CalibratedPerf, RooflinePerf, worker_perf
 from baton.sim.workload import CHAT, DOCUMENTS, DriftingDay, make_ticks

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+
 from baton.loadgen.datasets import RequestSpec
 from baton.loadgen.stats import RequestRecord
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
 from baton.local.plan import plan_roles, plan_workers, worker_args
 from baton.local.process_actor import ServerProcess
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+
 from baton.api import GROUP, PLURAL, VERSION
 from baton.autoscaler.daemon import register_autoscaler
 

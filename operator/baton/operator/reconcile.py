@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import kopf
+
 from baton.api import SpecProblem, parse_spec
 from baton.api.models import PDDeploymentSpec
 

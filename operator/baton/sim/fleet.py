@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from baton.sim.hardware import WorkerPerf
 from baton.sim.workload import RequestClass
 

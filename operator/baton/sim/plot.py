@@ -8,6 +8,7 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
 from baton.sim.scenario import Comparison  # noqa: E402
 
 

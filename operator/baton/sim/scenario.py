@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from baton.autoscaler import sizing
 from baton.autoscaler.inputs import PolicyConfig
 from baton.sim.fleet import FleetConfig

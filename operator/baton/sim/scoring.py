@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from baton.sim.fleet import TickRecord
 from baton.sim.hardware import WorkerPerf
 from baton.sim.workload import RequestClass, representative_requests

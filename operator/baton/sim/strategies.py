@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from baton.autoscaler.inputs import Action, Mode, Observation, PolicyConfig
 from baton.autoscaler.policy import SizingPolicy
 from baton.autoscaler.step_model import DecodeStepModel

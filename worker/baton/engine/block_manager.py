@@ -11,6 +11,7 @@ import hashlib
 from collections import OrderedDict
 
 import numpy as np
+
 from baton.engine.sequence import Sequence
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence as Seq
 
 import torch
+
 from baton.engine.block_manager import BlockManager
 from baton.engine.config import EngineConfig
 from baton.engine.loader import load_source

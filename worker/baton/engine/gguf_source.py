@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from baton.engine.config import ModelConfig
 from baton.engine.tokenizer import Tokenizer
 
@@ -63,8 +64,9 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def load_gguf(path: Path):
-    from baton.engine.loader import ModelSource
     from gguf import GGUFReader
+
+    from baton.engine.loader import ModelSource
 
     try:
         reader = GGUFReader(str(path))

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict
 
 import torch
+
 from baton.engine.block_manager import NoFreeBlocks
 from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams

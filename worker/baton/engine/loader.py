@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from baton.engine.config import ModelConfig
 from baton.engine.tokenizer import Tokenizer
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from baton.engine.config import EngineConfig, ModelConfig
 from baton.engine.kernels import get_ops
 from baton.engine.models.llama import AttentionMetadata, LlamaModel

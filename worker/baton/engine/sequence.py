@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
 from baton.engine.sampling import SamplingParams
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterable
 
 import torch
+
 from baton.engine.models.llama import LlamaModel
 
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")

@@ -10,6 +10,9 @@ import uuid
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from baton.router import responses
 from baton.router.admission import AdmissionQueue, Overloaded
 from baton.router.discovery import Discovery
@@ -22,8 +25,6 @@ from baton.router.serving import text_deltas
 from baton.router.threshold import ThresholdEstimator
 from baton.router.tokenizing import ModelInfo
 from baton.router.worker_client import WorkerClient, WorkerRejected
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+
 from baton.router.pool import Membership, WorkerPool
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,10 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Annotated
 
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from baton.kv.ticket import Ticket
 from baton.kv.transport import TransferError
 from baton.server import params as P
@@ -18,9 +22,6 @@ from baton.server.prefill import prefill_timeout_default
 from baton.server.roles import accepts
 from baton.server.streams import relay
 from baton.server.worker import Worker
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 TOKEN_TIMEOUT_S = 600.0  # longest silence of a token stream (waiting for KV, long prefill)

@@ -85,6 +85,7 @@ def run(args) -> int:
     pin_cpu(settings.cpu_cores, settings.threads)
 
     import uvicorn
+
     from baton.server.app import create_app
     from baton.server.worker import Worker
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 from baton.engine.config import ROLES
 from baton.engine.outputs import RequestOutput
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from baton.engine.config import ModelConfig
 from baton.engine.kernels.cpu_linear import make_linear
 from baton.engine.models.rope import cos_sin_cache
-from torch import nn
 
 
 @dataclass
