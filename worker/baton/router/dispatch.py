@@ -125,24 +125,11 @@ class Dispatcher:
     async def _local(self, rid: str, prompt: list[int], params: dict, hashes: list[int],
                      url: str) -> AsyncIterator[Chunk]:
         self.metrics.routes.labels("local").inc()
-        self.pool.begin(url)
         self.index.record(url, hashes)
-        finished, first = False, True
-        try:
-            async with aclosing(self.client.generate(url, rid, prompt, params)) as events:
-                async for event in events:
-                    chunk = _chunk(event)
-                    if first and chunk.token_ids:
-                        chunk.path, first = "local", False
-                    finished = chunk.finish_reason is not None
-                    yield chunk
-        except WorkerUnavailable:
-            self.pool.mark_failed(url)
-            raise
-        finally:
-            self.pool.end(url)
-            if not finished:
-                self._abort_later(url, rid)
+        events = self.client.generate(url, rid, prompt, params)
+        async with aclosing(self._relay(url, rid, events, path="local")) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
         deadline = time.monotonic() + self.deadlines.reserve_wait_s
@@ -197,19 +184,31 @@ class Dispatcher:
     async def _decode_stream(self, url: str, rid: str, first_token: int | None) -> AsyncIterator[Chunk]:
         """The first token comes from the prefill answer at once; the decode worker's stream
         repeats it, so that copy is skipped."""
+        lead = None if first_token is None else Chunk([first_token], None, "remote")
+        async with aclosing(self._relay(url, rid, self.client.stream(url, rid), lead=lead)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _relay(self, url: str, rid: str, events: AsyncIterator[dict], *,
+                     path: str | None = None, lead: Chunk | None = None) -> AsyncIterator[Chunk]:
+        """Relay one worker's event stream: count it as load on the worker, mark the worker
+        failed if it drops, and abort the request there if the stream ends early. `lead` is
+        yielded first and its tokens are skipped when the stream repeats them; `path` labels
+        the first chunk that carries tokens."""
         self.pool.begin(url)
-        finished = False
-        skip = 0
+        finished, skip = False, 0
         try:
-            if first_token is not None:
-                skip = 1
-                yield Chunk([first_token], None, "remote")
-            async with aclosing(self.client.stream(url, rid)) as events:
-                async for event in events:
+            if lead is not None:
+                skip = len(lead.token_ids)
+                yield lead
+            async with aclosing(events) as stream:
+                async for event in stream:
                     chunk = _chunk(event)
                     if skip:
                         dropped = min(skip, len(chunk.token_ids))
                         chunk.token_ids, skip = chunk.token_ids[dropped:], skip - dropped
+                    if path is not None and chunk.token_ids:
+                        chunk.path, path = path, None
                     finished = chunk.finish_reason is not None
                     yield chunk
         except WorkerUnavailable:
