@@ -144,8 +144,3 @@ class BlockManager:
         seq.block_table = []
         seq.num_hashed_blocks = 0
         seq.last_block_hash = None
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (used when the KV pool is resized)."""
-        self.hash_to_block.clear()
-        self.block_hash = [None] * self.num_blocks

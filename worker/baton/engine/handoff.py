@@ -44,7 +44,7 @@ def commit_remote(engine, request_id: str, first_token: int, logprob: float | No
     engine.blocks.register_full_blocks(seq)
     engine.blocks.record_admission(seq)
     engine.scheduler.add_running(seq)
-    return engine._append_token(seq, SampleResult(first_token, logprob), _now())
+    return engine._append_token(seq, SampleResult(first_token, logprob), time.monotonic())
 
 
 def cancel_remote(engine, request_id: str) -> bool:
@@ -133,10 +133,6 @@ def _get(engine, request_id: str, status: SequenceStatus) -> Sequence:
     if seq.status != status:
         raise ValueError(f"request {request_id!r} is {seq.status.value}, expected {status.value}")
     return seq
-
-
-def _now() -> float:
-    return time.monotonic()
 
 
 __all__ = [
