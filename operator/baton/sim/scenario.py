@@ -27,7 +27,7 @@ class ScenarioConfig:
     hours: float = 24.0
     ttft_slo_s: float = 1.0
     tpot_slo_s: float = 0.05
-    utilisation: float = 0.8
+    utilisation: float = 0.85  # fleets are provisioned for their peak at 80-90%
     dt: float = 2.0
     reshard_s: float = 30.0
     period_s: float = 30.0

@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration", default=None, help="bench JSON with measured worker performance")
     parser.add_argument("--ttft-slo", type=float, default=1.0, help="seconds")
     parser.add_argument("--tpot-slo", type=float, default=0.05, help="seconds")
-    parser.add_argument("--utilisation", type=float, default=0.8, help="planned utilisation at the peak")
+    parser.add_argument("--utilisation", type=float, default=ScenarioConfig.utilisation,
+                        help="planned utilisation at the peak (how tightly the fleet is provisioned)")
     parser.add_argument("--reshard-s", type=float, default=30.0, help="seconds a conversion reshards")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
