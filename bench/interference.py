@@ -85,7 +85,8 @@ def main() -> None:
     parser.add_argument("--setups", default="C0,A,B,C")
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--long-len", type=int, default=2000)
-    parser.add_argument("--long-every", type=float, default=8.0)
+    parser.add_argument("--long-every", type=float, default=3.0,
+                        help="seconds between long prompts (a 2,000-token prefill takes ~2 s on one core)")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--threshold", default="256", help="router disaggregation threshold for C")
     parser.add_argument("--slo", default="ttft=5s,tpot=200ms")

@@ -9,8 +9,25 @@ block_table[t // block_size] * block_size + t % block_size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+
+# One entry per kind: (the step's tensor it was built from, the result). Tensors of a step
+# are new objects each step, so identity says whether an entry is this step's.
+_STEP_CACHE: dict[str, tuple[tuple, object]] = {}
+
+
+def _per_step(kind: str, key: torch.Tensor | tuple, build):
+    keys = key if isinstance(key, tuple) else (key,)
+    entry = _STEP_CACHE.get(kind)
+    if entry is not None and len(entry[0]) == len(keys) and all(a is b for a, b in zip(entry[0], keys)):
+        return entry[1]
+    value = build()
+    _STEP_CACHE[kind] = (keys, value)
+    return value
 
 
 def store_kvcache(
@@ -46,20 +63,48 @@ def paged_decode_attention(
 
     Sequences are padded to a common length, so a batch mixing short and long contexts is
     split into groups of similar length: one 2,000-token context must not make every
-    300-token neighbour gather 2,000 tokens too.
+    300-token neighbour gather 2,000 tokens too. The grouping, gather indices and masks
+    depend only on the step, so every layer reuses them.
     """
+    plan = _per_step("decode", (block_tables, context_lens),
+                     lambda: _decode_plan(block_tables, context_lens, k_cache.shape[1]))
+    if len(plan) == 1:
+        return _decode_group(q, k_cache, v_cache, plan[0], scale)
+    out = torch.empty_like(q)
+    for group in plan:
+        out[group.rows] = _decode_group(q[group.rows], k_cache, v_cache, group, scale)
+    return out
+
+
+@dataclass(frozen=True)
+class _DecodeGroup:
+    rows: torch.Tensor | None  # which batch rows (None: all of them)
+    block_ids: torch.Tensor  # [rows * blocks] cache blocks to gather, row-major, long
+    num_blocks: int  # per row
+    max_len: int
+    mask: torch.Tensor | None  # [rows, 1, 1, max_len] True where a key exists
+
+
+def _decode_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> list[_DecodeGroup]:
     lens = context_lens.tolist()
     groups = _similar_length_groups(lens)
     if len(groups) == 1:
-        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, lens, scale)
-    out = torch.empty_like(q)
+        groups = [list(range(len(lens)))]  # the batch's own order: no reindexing
+    plan = []
     for rows in groups:
-        index = torch.tensor(rows, device=q.device)
-        out[index] = _decode_group(
-            q[index], k_cache, v_cache, block_tables[index], context_lens[index],
-            [lens[r] for r in rows], scale,
-        )
-    return out
+        index = None if len(groups) == 1 else torch.tensor(rows, device=block_tables.device)
+        tables = block_tables if index is None else block_tables[index]
+        group_lens = [lens[r] for r in rows]
+        max_len = max(group_lens)
+        num_blocks = -(-max_len // block_size)
+        mask = None
+        if min(group_lens) != max_len:  # equal lengths need no mask
+            positions = torch.arange(max_len, device=block_tables.device)
+            limits = torch.tensor(group_lens, device=block_tables.device)
+            mask = (positions[None, :] < limits[:, None])[:, None, None, :]
+        ids = tables[:, :num_blocks].reshape(-1).long()
+        plan.append(_DecodeGroup(index, ids, num_blocks, max_len, mask))
+    return plan
 
 
 def _similar_length_groups(lens: list[int]) -> list[list[int]]:
@@ -74,24 +119,20 @@ def _similar_length_groups(lens: list[int]) -> list[list[int]]:
     return groups
 
 
-def _decode_group(q, k_cache, v_cache, block_tables, context_lens, lens: list[int], scale: float):
+def _decode_group(q, k_cache, v_cache, group: _DecodeGroup, scale: float):
     batch, num_heads, head_dim = q.shape
-    max_len = max(lens)
-    block_size = k_cache.shape[1]
-    num_blocks = -(-max_len // block_size)
-    tables = block_tables[:, :num_blocks].long()
-    # [B, L, Hkv, D] -> [B, Hkv, L, D]
-    k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    mask = None
-    if min(lens) != max_len:  # equal lengths need no mask
-        positions = torch.arange(max_len, device=q.device)
-        mask = (positions[None, :] < context_lens[:, None].to(q.device))[:, None, None, :]
+    span = group.num_blocks * k_cache.shape[1]
+
+    def context(cache: torch.Tensor) -> torch.Tensor:
+        # index_select of whole blocks: [B * blocks, bs, Hkv, D] -> [B, Hkv, L, D]
+        rows = cache.index_select(0, group.block_ids).view(batch, span, *cache.shape[2:])
+        return rows[:, : group.max_len].transpose(1, 2).to(q.dtype)
+
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, Hq, 1, D]
-        k.to(q.dtype),
-        v.to(q.dtype),
-        attn_mask=mask,
+        context(k_cache),
+        context(v_cache),
+        attn_mask=group.mask,
         scale=scale,
         enable_gqa=True,
     )
@@ -162,18 +203,41 @@ def rotary_embedding(
     k: torch.Tensor,  # [N, Hkv, D]
     cos_sin_cache: torch.Tensor,  # [max_pos, D]: cos in [:D/2], sin in [D/2:], fp32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate-half (NeoX) RoPE, as HF Llama applies it."""
-    half = q.shape[-1] // 2
+    """Rotate-half (NeoX) RoPE, as HF Llama applies it, computed in fp32.
+
+    With x = (x1, x2): (x1 cos - x2 sin, x2 cos + x1 sin) = x * (cos, cos) + swap(x) * (-sin, sin),
+    the same products and sums, bit for bit, in four tensor ops. Every layer of a step sees
+    the same positions, so the factors are built once per step; when K follows Q in one
+    row (a fused QKV projection), both rotate as one tensor.
+    """
+    cos2, sin2 = _per_step("rope", positions, lambda: _rope_factors(positions, cos_sin_cache))
+    heads_q = q.shape[1]
+    if _adjacent_heads(q, k):
+        both = q.as_strided((q.shape[0], heads_q + k.shape[1], q.shape[2]), q.stride())
+        out = _rotate(both, cos2, sin2)
+        return out[:, :heads_q], out[:, heads_q:]
+    return _rotate(q, cos2, sin2), _rotate(k, cos2, sin2)
+
+
+def _rope_factors(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, 1, 2, D/2] factors: (cos, cos) and (-sin, sin)."""
+    half = cos_sin_cache.shape[1] // 2
     cos_sin = cos_sin_cache.index_select(0, positions.long())
-    cos = cos_sin[:, None, :half]
-    sin = cos_sin[:, None, half:]
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+    return torch.stack((cos, cos), dim=2), torch.stack((-sin, sin), dim=2)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        x1, x2 = xf[..., :half], xf[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
-    return rotate(q), rotate(k)
+def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    pairs = x.float().unflatten(-1, (2, -1))  # [N, H, 2, D/2]
+    return (pairs * cos2 + pairs.flip(-2) * sin2).flatten(-2).to(x.dtype)
+
+
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """True when k's heads continue q's in memory with the same strides (one view covers both)."""
+    same_rows = q.shape[0] == 1 or q.stride(0) == k.stride(0)  # a single row's stride is arbitrary
+    return (q.dtype == k.dtype and same_rows and q.stride()[1:] == k.stride()[1:] == (q.shape[2], 1)
+            and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2]
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * q.shape[2] * q.element_size())
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
