@@ -72,7 +72,7 @@ class FakeWorker:
         decode = REGISTRY[body["ticket"]["kv_endpoint"]]
         tokens = decode.continuation(body["prompt_token_ids"], body["params"])
         return web.json_response({"first_token": tokens[0], "transfer": {
-            "bytes": 1000 * len(body["prompt_token_ids"]), "transfer_seconds": 0.001,
+            "bytes": 1000 * len(body["prompt_token_ids"]), "transfer_seconds": 0.001, "wire_seconds": 0.001,
             "prefill_seconds": 0.0001 * len(body["prompt_token_ids"])}})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:

@@ -97,7 +97,7 @@ def test_worker_counters_and_deltas():
             'baton_kv_transfer_seconds_sum{role="prefill"} 0.25\n'
             'baton_kv_transfer_seconds_count{role="prefill"} 3\n')
     now = parse_worker_counters(text)
-    assert now["prompt_tokens"] == 300 and now["prefill_busy_s"] == 1.5 and now["kv_seconds"] == 0.25
+    assert now == {"prompt_tokens": 300, "prefill_busy_s": 1.5}  # transfer spans are paced by compute
     assert counter_deltas({"prompt_tokens": 100.0}, {"prompt_tokens": 300.0}) == {"prompt_tokens": 200.0}
     assert counter_deltas({"prompt_tokens": 500.0}, {"prompt_tokens": 30.0}) == {"prompt_tokens": 30.0}
 

@@ -221,13 +221,15 @@ class Dispatcher:
 
     def _learn(self, prompt_len: int, uncached: int, seconds: float, transfer: dict | None) -> None:
         """Feed the auto threshold: prefill speed and link bandwidth from the worker's
-        transfer report, then the fixed overhead they leave unexplained."""
+        transfer report, then the fixed overhead they leave unexplained. The link's speed is
+        bytes over the time the layers spent on the wire: the whole stream's span is paced
+        by compute and would make the link look as slow as the prefill."""
         if isinstance(transfer, dict):
             num_bytes = _number(transfer, "bytes")
-            transfer_s = _number(transfer, "transfer_seconds")
+            wire_s = _number(transfer, "wire_seconds")
             prefill_s = _number(transfer, "prefill_seconds")
-            if num_bytes and transfer_s:
-                self.estimator.observe_transfer(num_bytes, transfer_s, prompt_len)
+            if num_bytes and wire_s:
+                self.estimator.observe_transfer(num_bytes, wire_s, prompt_len)
             if prefill_s:
                 self.estimator.observe_prefill(uncached, prefill_s)
         self.estimator.observe_remote(uncached, seconds)

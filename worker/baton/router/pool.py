@@ -108,8 +108,10 @@ class WorkerPool:
                 continue
             delta = counter_deltas(self._counters.get(url), current)
             self._counters[url] = current
+            # Only prefill speed: the workers' transfer histograms span the layer-wise stream,
+            # which compute paces, so they say nothing about the link (the router learns that
+            # from each prefill's wire time instead).
             self.estimator.observe_prefill(int(delta["prompt_tokens"]), delta["prefill_busy_s"])
-            self.estimator.observe_transfer(delta["kv_bytes"], delta["kv_seconds"])
 
     async def run(self) -> None:
         """Poll states forever (and worker counters when the threshold is measured)."""

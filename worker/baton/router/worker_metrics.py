@@ -8,8 +8,6 @@ from prometheus_client.parser import text_string_to_metric_families
 WANTED = {
     "baton_prefill_busy_seconds_total": "prefill_busy_s",
     "baton_prompt_tokens_total": "prompt_tokens",
-    "baton_kv_transfer_bytes_total": "kv_bytes",
-    "baton_kv_transfer_seconds_sum": "kv_seconds",
 }
 
 

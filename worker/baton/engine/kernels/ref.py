@@ -38,11 +38,19 @@ def store_kvcache(
     slot_mapping: torch.Tensor,  # [N] int, -1 = skip (token already cached)
 ) -> None:
     """Write each token's K and V into its cache slot."""
+    keep, slots = _per_step("store", slot_mapping, lambda: _kept_slots(slot_mapping))
+    if keep is not None:
+        key, value = key[keep], value[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(mask of the tokens to write or None for all, their slots as int64), once per step."""
     keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping.long(), key.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping.long(), value.to(v_cache.dtype))
+    if bool(keep.all()):
+        return None, slot_mapping.long()
+    return keep, slot_mapping[keep].long()
 
 
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
