@@ -90,7 +90,9 @@ def test_never_empties_a_pool():
 
 def test_explanation_names_the_driving_inputs():
     policy = SizingPolicy(_config(persist_periods=1, cooldown_s=0.0))
-    policy.decide(_obs(30, 8, 8, DOCS))  # reference point
+    first = policy.decide(_obs(30, 8, 8, DOCS))  # reference point: nothing moved yet
+    assert "inputs arrival_rate=80, input_len=4.5e+03, output_len=140, hit_rate=0.4, " \
+           "prefill_supply=2.7e+04" in first.explanation
     decision = policy.decide(_obs(60, 12, 4, CHAT))
     assert decision.action is Action.CONVERT_PREFILL_TO_DECODE
     assert "output_len" in decision.explanation and "input_len" in decision.explanation
@@ -108,3 +110,13 @@ def test_elastic_mode_scales_pools_within_bounds():
     assert decision.target == (6, 5)
     calm = SizingPolicy(config).decide(_obs(30, 6, 5, dict(DOCS, arrival_rate=0.5)))
     assert calm.action is Action.SCALE_POOLS and calm.target == (1, 2)  # down to the minimums, never empty
+
+
+def test_a_worker_that_did_not_answer_holds_the_split():
+    policy = SizingPolicy(_config(persist_periods=1, cooldown_s=0.0))
+    # 0P2D because the prefill worker was too busy to answer: not a pool to refill
+    decision = policy.decide(_obs(30, 0, 2, DOCS, unreachable_workers=1))
+    assert decision.action is Action.HOLD and decision.target == (0, 2)
+    assert "unreachable_workers=1 did not answer" in decision.explanation
+    answered = policy.decide(_obs(60, 1, 2, DOCS))
+    assert "did not answer" not in answered.explanation and answered.outputs  # sized again

@@ -158,6 +158,9 @@ def test_worker_capacity_is_remembered_traffic_is_not():
     assert later.input_len is None and "input_len" in later.unknown_fields()
     assert kv_capacity_from_usage(4, 1000, 0.001) is None  # too coarse to divide by
     assert ObservationBuilder(kv_capacity_tokens=5e4).build(idle, PoolState(1, 1), 0).kv_capacity_tokens == 5e4
+    # what the decode workers report beats the estimate from usage
+    reported = ObservationBuilder().build(long_prompts(decode_kv_capacity=8192.0), PoolState(1, 2), 0.0)
+    assert reported.kv_capacity_tokens == 8192.0
 
 
 def test_policy_config_from_the_spec():

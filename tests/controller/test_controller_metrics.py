@@ -7,13 +7,14 @@ import math
 import pytest
 from fleet_harness import FakeWorker, Traffic, WorkerMetrics
 
-from baton.autoscaler.metrics import COUNTERS, GAUGES, SeriesRates, summarise
+from baton.autoscaler.metrics import COUNTERS, GAUGES, SeriesRates, summarise, window_batch
 from baton.autoscaler.metrics_prometheus import series_from_results
 from baton.autoscaler.metrics_scrape import (
     ScrapeSource,
     counter_rate,
     parse_exposition,
     series_rates,
+    window_start,
 )
 from baton.autoscaler.promql import (
     check_window,
@@ -108,6 +109,26 @@ def test_supply_falls_back_to_local_prefill_and_old_role_series_count():
     assert snap.local_share == 1.0
 
 
+def test_a_decode_worker_idle_at_the_scrape_still_gives_a_step_sample():
+    # short outputs: the worker decoded during the window but runs nothing at the scrape
+    snap = summarise([_series("d", "decode", requests=1.0, generation_tokens=6.0, itl_sum=0.4,
+                              itl_count=5.0, running=0.0, kv_usage=0.0, kv_capacity=8192.0)])
+    assert [(s.batch, s.step_s) for s in snap.step_samples] == [(1.0, pytest.approx(0.08))]
+    assert snap.decode_kv_capacity == 8192.0
+    assert window_batch(3.0, 1.5) == 3.0  # the gauge, when it shows sequences
+    assert window_batch(0.0, 2.5) == 2.5  # else the time-averaged sequences between tokens
+    assert window_batch(0.0, 0.0) is None and window_batch(None, None) is None
+
+
+def test_rates_span_the_window_not_just_the_last_scrape():
+    history = [(0.0, {}), (5.0, {}), (10.0, {}), (15.0, {})]
+    assert window_start(history, 20.0, 15.0)[0] == 5.0  # oldest within the window
+    assert window_start(history, 20.0, None)[0] == 15.0  # no window: the previous scrape
+    assert window_start(history, 20.0, 15.0 / 1.25 - 0.1)[0] == 10.0
+    assert window_start(history[:1], 100.0, 15.0)[0] == 0.0  # nothing recent: the latest there is
+    assert window_start([], 1.0, 15.0) is None
+
+
 def test_parse_exposition_reads_contract_metrics():
     metrics = WorkerMetrics("decode")
     metrics.advance(2.0, Traffic(arrival_rate=4, output_len=10, step_s=0.05), 1, 1)
@@ -153,6 +174,33 @@ async def test_scrape_source_over_http():
     assert snap.hit_rate == pytest.approx(0.5)
     assert snap.prefill_supply == pytest.approx(20_000.0)
     assert snap.decode_running == 8.0
+
+
+@pytest.mark.asyncio
+async def test_scrape_source_rates_over_a_window():
+    workers = [FakeWorker("prefill"), FakeWorker("decode")]
+    for worker in workers:
+        await worker.start()
+    clock = [0.0]
+    source = ScrapeSource([w.url for w in workers], clock=lambda: clock[0], window_s=10.0)
+    busy, idle = Traffic(arrival_rate=4, input_len=1000), Traffic(arrival_rate=0.0001, input_len=1000)
+    found = []
+    try:
+        for traffic in (None, busy, idle, idle, idle):
+            if traffic is not None:
+                for worker in workers:
+                    worker.metrics.advance(5.0, traffic, 1, 1)
+                clock[0] += 5.0
+            found.append(await source.snapshot())
+    finally:
+        await source.aclose()
+        for worker in workers:
+            await worker.stop()
+    rates = [s.arrival_rate for s in found]
+    assert rates[0] is None
+    assert rates[1] == pytest.approx(4.0)  # one scrape back: all there is
+    assert rates[2] == pytest.approx(2.0)  # the busy 5 s and the idle 5 s, over 10 s
+    assert rates[3] == pytest.approx(0.0, abs=0.01) and rates[4] == pytest.approx(0.0, abs=0.01)
 
 
 def test_prometheus_results_become_series():

@@ -47,6 +47,7 @@ def run_until_done(engine):
 def test_prefill_here_decode_there_equals_colocated(prefill_engine, decode_engine, engine_fp32):
     expected = [o.token_ids for o in engine_fp32.generate(PROMPTS, GREEDY)]
     layers_seen = []
+    looked_up = decode_engine.blocks.prefix_queries
     for i, prompt in enumerate(PROMPTS):
         ids = prefill_engine.tokenize(prompt)
         rid = f"pd-{i}"
@@ -62,6 +63,8 @@ def test_prefill_here_decode_there_equals_colocated(prefill_engine, decode_engin
         decode_engine.release(rid)
         assert out.token_ids == expected[i], prompt
     assert layers_seen[:30] == list(range(30))
+    # each prompt counts in the prefix-cache statistics once: where it was prefilled
+    assert decode_engine.blocks.prefix_queries == looked_up
     for engine in (prefill_engine, decode_engine):
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 

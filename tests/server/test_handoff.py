@@ -126,7 +126,7 @@ def test_metrics_follow_the_contract(cluster):
     text = cluster["decode-tcp"].get("/metrics").text
     for name in ["baton_time_to_first_token_seconds_bucket", "baton_inter_token_latency_seconds_bucket",
                  "baton_e2e_request_latency_seconds_bucket", "baton_num_requests_running",
-                 "baton_num_requests_waiting", "baton_kv_cache_usage_ratio",
+                 "baton_num_requests_waiting", "baton_kv_cache_usage_ratio", "baton_kv_cache_capacity_tokens",
                  "baton_prefix_cache_queries_total", "baton_prefix_cache_hits_total",
                  "baton_prompt_tokens_total", "baton_generation_tokens_total",
                  "baton_kv_transfer_bytes_total", "baton_kv_transfer_seconds_bucket",

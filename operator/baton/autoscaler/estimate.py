@@ -21,11 +21,13 @@ MIN_KV_USAGE_FOR_CAPACITY = 0.02  # below this the usage ratio is too coarse to 
 
 @dataclass(frozen=True)
 class PoolState:
-    """The split the actuator considers current: committed pool sizes, conversions running."""
+    """The split the actuator considers current: committed pool sizes, conversions running,
+    and workers that did not say their role this period (then the split is not known)."""
 
     prefill: int
     decode: int
     in_flight: int = 0
+    unreachable: int = 0
 
 
 def mean_context_tokens(input_len: float | None, output_len: float | None) -> float | None:
@@ -54,8 +56,8 @@ class ObservationBuilder:
     """Keeps the decode step model and the last worker-capacity measurements.
 
     kv_capacity_tokens: per decode worker, when known from the engine configuration (blocks x
-    block size); None estimates it from KV usage. step_model_min_samples: decode samples the
-    step fit needs before it is trusted.
+    block size); None takes what the decode workers report, else estimates it from KV usage.
+    step_model_min_samples: decode samples the step fit needs before it is trusted.
     """
 
     def __init__(self, kv_capacity_tokens: float | None = None,
@@ -72,7 +74,10 @@ class ObservationBuilder:
             for sample in snap.step_samples:
                 self.step_model.observe(sample.batch, context, sample.step_s)
         if self.configured_kv_capacity is None:
-            measured = kv_capacity_from_usage(snap.decode_running, context, snap.decode_kv_usage)
+            # What the decode workers report is exact; usage over resident tokens is an estimate
+            # (and a poor one in a window that mixes two traffic shapes).
+            measured = known(snap.decode_kv_capacity) or kv_capacity_from_usage(
+                snap.decode_running, context, snap.decode_kv_usage)
             if measured is not None:
                 self.kv_capacity = measured
 
@@ -95,6 +100,7 @@ class ObservationBuilder:
             step_per_seq_s=line[1],
             kv_capacity_tokens=self.kv_capacity,
             conversions_in_flight=pools.in_flight,
+            unreachable_workers=pools.unreachable,
             local_share=snap.local_share or 0.0,
             # Not on the required list: unmeasured exposure is no reason to hold, and the
             # sizing treats 0 as "handoff fully hidden".

@@ -37,7 +37,8 @@ class Observation:
     conversions_in_flight: workers draining or resharding; now_s: loop clock in seconds;
     local_share: share of uncached prompt tokens prefilled on decode workers;
     exposed_transfer_s: measured handoff time left on the critical path;
-    decode_context_tokens: measured KV tokens per running session (None: use L_in + L_out/2).
+    decode_context_tokens: measured KV tokens per running session (None: use L_in + L_out/2);
+    unreachable_workers: workers whose role is not known this period (the split is a guess).
     """
 
     now_s: float
@@ -55,6 +56,7 @@ class Observation:
     local_share: float = 0.0
     exposed_transfer_s: float = 0.0
     decode_context_tokens: float | None = None
+    unreachable_workers: int = 0
 
     def unknown_fields(self) -> list[str]:
         """Names of measurements that are missing or not finite."""

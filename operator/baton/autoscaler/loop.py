@@ -90,6 +90,7 @@ class Controller:
         self.wall = wall
         self.status: dict[str, Any] = {}  # the last decision_record
         self.last_error: str | None = None  # why the last period could not decide, if so
+        self.last_applied: str | None = None  # what the actuator did in the last period, if anything
         self.periods = 0
         self.metrics.start(deployment)
 
@@ -125,7 +126,7 @@ class Controller:
                 error = f"{decision.action.value} not carried out: {failure}"
                 log.warning("%s: %s", self.deployment, error)
         self.periods += 1
-        self.last_error = error
+        self.last_error, self.last_applied = error, applied
         self.metrics.record(self.deployment, decision, obs)
         self.status = decision_record(decision, self.wall(), applied, error)
         log.info("%s: %s", self.deployment, decision.explanation)

@@ -41,6 +41,7 @@ GAUGES = {
     "baton_num_requests_running": "running",
     "baton_num_requests_waiting": "waiting",
     "baton_kv_cache_usage_ratio": "kv_usage",
+    "baton_kv_cache_capacity_tokens": "kv_capacity",
 }
 ROLE_GAUGE = "baton_worker_role"  # 1 on the series of the worker's current role
 
@@ -73,6 +74,7 @@ class SeriesRates:
     running: float | None = None  # gauges, latest value
     waiting: float | None = None
     kv_usage: float | None = None
+    kv_capacity: float | None = None  # tokens the worker's KV pool holds
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class FleetSnapshot:
     exposed_transfer_s: float | None
     decode_kv_usage: float | None  # mean KV usage ratio of decode workers
     decode_running: float | None  # mean running sequences per decode worker
+    decode_kv_capacity: float | None = None  # mean KV pool tokens of decode workers, as they report it
     local_share: float | None = None  # share of computed prompt tokens prefilled on decode workers
     step_samples: tuple[StepSample, ...] = ()
     pools: dict[str, int] = field(default_factory=dict)  # role -> workers reporting it
@@ -138,6 +141,21 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(found) / len(found) if found else None
 
 
+def window_batch(running: float | None, gap_seconds_per_s: float | None) -> float | None:
+    """The batch a decode worker stepped at over the window, for the decode step fit.
+
+    The running gauge when it shows sequences. A worker caught idle at the scrape (short
+    outputs finish between scrapes) still decoded at a batch of at least the time-averaged
+    number of sequences between tokens (inter-token seconds per second, by Little's law)
+    and at least one; None when it produced no gaps at all.
+    """
+    if running is not None and running > 0:
+        return running
+    if gap_seconds_per_s is None or gap_seconds_per_s <= 0:
+        return None
+    return max(1.0, gap_seconds_per_s)
+
+
 def summarise(series: list[SeriesRates]) -> FleetSnapshot:
     """Reduce per-series rates to the fleet's measured inputs (pure)."""
     current = [s for s in series if s.current]
@@ -158,8 +176,8 @@ def summarise(series: list[SeriesRates]) -> FleetSnapshot:
     for gauge in decode_now:
         rates = decode_series[gauge.worker]
         step = ratio(rates.itl_sum, rates.itl_count)
-        batch = known(gauge.running)
-        if step is not None and batch is not None and batch > 0:
+        batch = window_batch(known(gauge.running), known(rates.itl_sum))
+        if step is not None and batch is not None:
             samples.append(StepSample(gauge.worker, batch, step))
 
     pools = {role: sum(1 for r in workers.values() if r == role) for role in ROLES}
@@ -172,6 +190,7 @@ def summarise(series: list[SeriesRates]) -> FleetSnapshot:
         exposed_transfer_s=ratio(_total(series, "exposed_sum"), _total(series, "exposed_count")),
         decode_kv_usage=_mean([s.kv_usage for s in decode_now]),
         decode_running=_mean([s.running for s in decode_now]),
+        decode_kv_capacity=_mean([s.kv_capacity for s in decode_now]),
         step_samples=tuple(samples),
         local_share=ratio(_total([s for s in series if s.role == "decode"], "prompt_tokens"),
                           _total([s for s in series if s.role in ("prefill", "decode")],

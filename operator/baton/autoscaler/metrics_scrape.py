@@ -1,7 +1,9 @@
 """A MetricsSource that scrapes the workers' `/metrics` directly (no Prometheus: `baton up`).
 
-Rates come from two successive scrapes of the same worker, so the first snapshot after start
-(or after a worker appears) has gauges but no rates: the loop holds until the second one.
+Rates come from two scrapes of the same worker: the previous one, or with `window_s` the
+oldest one inside that window (as Prometheus' rate over a window: a period may see too few
+long requests finish to measure them). The first snapshot after start (or after a worker
+appears) has gauges but no rates: the loop holds until the second one.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import inspect
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -88,19 +91,37 @@ def series_rates(worker: str, before: dict[str, RoleTotals] | None, after: dict[
     return found
 
 
+Scrape = tuple[float, dict[str, RoleTotals]]  # (clock, parsed exposition)
+WINDOW_SLACK = 1.25  # a scrape this much older than the window still starts it (timing jitter)
+
+
+def window_start(history: Sequence[Scrape], now: float, window_s: float | None) -> Scrape | None:
+    """The earlier scrape a rate is taken from: the oldest within `window_s` of `now` (with
+    slack for jitter), else the latest; None: no earlier scrape (pure)."""
+    if not history:
+        return None
+    if window_s is not None:
+        for scrape in history:
+            if now - scrape[0] <= window_s * WINDOW_SLACK:
+                return scrape
+    return history[-1]
+
+
 class ScrapeSource:
     """Scrapes `{base}/metrics` of every target each call; targets: URLs or a function of now.
 
-    timeout: seconds per scrape. A worker that does not answer is left out of this period
-    (its pool count drops), and its previous scrape is kept for the next rate.
+    timeout: seconds per scrape; window_s: rates over about this many seconds (None: since
+    the previous scrape). A worker that does not answer is left out of this period (its pool
+    count drops), and its earlier scrapes are kept for the next rate.
     """
 
     def __init__(self, targets: Targets, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, window_s: float | None = None) -> None:
         self._targets = targets
         self._clock = clock
         self._client = httpx.AsyncClient(timeout=timeout)
-        self._previous: dict[str, tuple[float, dict[str, RoleTotals]]] = {}
+        self.window_s = window_s
+        self._history: dict[str, deque[Scrape]] = {}  # per target, oldest first
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -131,10 +152,13 @@ class ScrapeSource:
         for base, moment, parsed in results:
             if parsed is None:
                 continue
-            before = self._previous.get(base)
+            history = self._history.setdefault(base, deque())
+            before = window_start(history, moment, self.window_s)
             seconds = moment - before[0] if before else 0.0
             series.extend(series_rates(base, before[1] if before else None, parsed, seconds))
-            self._previous[base] = (moment, parsed)
-        for gone in set(self._previous) - set(targets):
-            del self._previous[gone]
+            while history and history[0] is not before:  # older than any later window needs
+                history.popleft()
+            history.append((moment, parsed))
+        for gone in set(self._history) - set(targets):
+            del self._history[gone]
         return summarise(series)

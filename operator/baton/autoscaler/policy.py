@@ -43,6 +43,15 @@ class SizingPolicy:
                 f"hold {_split(current)}: unknown inputs ({', '.join(unknown)}) keep the current split",
                 observation_to_dict(obs),
             )
+        if obs.unreachable_workers:
+            # A worker missing from the count would look like a pool to refill.
+            self._reset_streak()
+            return Decision(
+                Action.HOLD, current, current, current,
+                f"hold {_split(current)}: unreachable_workers={obs.unreachable_workers} did not "
+                "answer, so the split is not known",
+                observation_to_dict(obs),
+            )
         if self._reference is None:
             self._reference = obs
         load = self._load(obs)
@@ -155,8 +164,8 @@ class SizingPolicy:
             before, after = getattr(ref, name), getattr(obs, name)
             if before and abs(after - before) / abs(before) >= _DRIVER_THRESHOLD:
                 moves.append((abs(after - before) / abs(before), f"{name} {_fmt(before)}->{_fmt(after)}"))
-        if not moves:
-            summary = ", ".join(f"{n}={_fmt(getattr(obs, n))}" for n in _DRIVER_FIELDS[:4])
+        if not moves:  # nothing moved (e.g. the first traffic seen): the traffic and the supply
+            summary = ", ".join(f"{n}={_fmt(getattr(obs, n))}" for n in _DRIVER_FIELDS[:5])
             return f"inputs {summary}"
         moves.sort(reverse=True)
         return "driven by " + ", ".join(text for _, text in moves)

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -113,8 +113,12 @@ class RayActuator:
         return [s for s in found if s is not None]
 
     async def pools(self) -> PoolState | None:
+        urls = await self._urls()
         states = await self.states()
-        return committed_split(states, self.converting) if states else None
+        if not states:
+            return None
+        found = committed_split(states, self.converting)
+        return replace(found, unreachable=len(set(urls) - {s.url for s in states}))
 
     async def apply(self, decision: Decision) -> str:
         if decision.action is Action.SCALE_POOLS:

@@ -81,18 +81,26 @@ async def send(target: Target, spec: RequestSpec, index: int, t0: float) -> Requ
 
 
 async def run_closed_loop(target: Target, specs: list[RequestSpec], concurrency: int,
-                          on_done: Callable[[RequestRecord], None]) -> list[RequestRecord]:
-    """At most `concurrency` requests in flight, each sent as soon as a slot frees."""
+                          on_done: Callable[[RequestRecord], None],
+                          until: Callable[[], bool] | None = None) -> list[RequestRecord]:
+    """At most `concurrency` requests in flight, each sent as soon as a slot frees.
+
+    until: once it returns True no further request is sent (those in flight finish); the
+    records are of the requests sent.
+    """
     t0 = time.perf_counter()
     gate = asyncio.Semaphore(max(1, concurrency))
 
-    async def one(i: int, spec: RequestSpec) -> RequestRecord:
+    async def one(i: int, spec: RequestSpec) -> RequestRecord | None:
         async with gate:
+            if until is not None and until():
+                return None
             record = await send(target, spec, i, t0)
         on_done(record)
         return record
 
-    return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(specs))))
+    records = await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
+    return [r for r in records if r is not None]
 
 
 async def run_poisson(target: Target, specs: list[RequestSpec], rate: float, concurrency: int | None,

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 
+from baton.autoscaler.inputs import PolicyConfig
 from baton.local.runtime import LocalStack, StackSpec
 
 
@@ -20,6 +21,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
     parser.add_argument("--disagg-threshold", default=None, help="router: tokens or 'auto'")
     parser.add_argument("--autoscale", action="store_true", help="also run the controller (role conversions)")
+    group = parser.add_argument_group("autoscaling (with --autoscale)")
+    group.add_argument("--autoscale-period", type=float, default=15.0, metavar="SECONDS",
+                       help="seconds between decisions")
+    group.add_argument("--autoscale-window", type=float, default=None, metavar="SECONDS",
+                       help="seconds of traffic each decision measures (default: two periods)")
+    group.add_argument("--autoscale-persist", type=int, default=PolicyConfig.persist_periods, metavar="PERIODS",
+                       help="periods a change must be wanted before it is made (an urgent one acts at once)")
+    group.add_argument("--autoscale-cooldown", type=float, default=PolicyConfig.cooldown_s, metavar="SECONDS",
+                       help="quiet time after a conversion")
+    group.add_argument("--slo", default=None, metavar="ttft=2s,tpot=50ms",
+                       help="latency objectives the sizing plans for (default: "
+                            f"ttft={PolicyConfig.ttft_slo_s:g}s,tpot={PolicyConfig.tpot_slo_s * 1e3:g}ms)")
+    group.add_argument("--controller-port", type=int, default=0,
+                       help="port of the controller's /decisions and /metrics (0: any free one)")
     parser.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder)")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="extra `baton worker` argument, e.g. --worker-arg=--dtype=float32 (repeatable)")
@@ -32,6 +47,23 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
                      worker_args=list(args.worker_arg), log_dir=args.log_dir)
 
 
+def autoscale_settings(args: argparse.Namespace):
+    """The controller's settings from the arguments (raises ValueError on bad ones)."""
+    from baton.loadgen.stats import parse_slo
+    from baton.local.autoscale import AutoscaleSettings
+
+    if args.autoscale_period <= 0 or (args.autoscale_window is not None and args.autoscale_window <= 0):
+        raise ValueError("--autoscale-period and --autoscale-window must be positive")
+    if args.autoscale_persist < 1 or args.autoscale_cooldown < 0:
+        raise ValueError("--autoscale-persist must be at least 1, --autoscale-cooldown not negative")
+    slo = parse_slo(args.slo)
+    policy = PolicyConfig(ttft_slo_s=slo.ttft or PolicyConfig.ttft_slo_s,
+                          tpot_slo_s=slo.tpot or PolicyConfig.tpot_slo_s,
+                          persist_periods=args.autoscale_persist, cooldown_s=args.autoscale_cooldown)
+    return AutoscaleSettings(period_s=args.autoscale_period, window_s=args.autoscale_window, policy=policy,
+                             port=args.controller_port)
+
+
 def catch_stop_signals(stop: threading.Event) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -40,6 +72,11 @@ def catch_stop_signals(stop: threading.Event) -> None:
 def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     catch_stop_signals(stop)
+    try:
+        settings = autoscale_settings(args) if args.autoscale else None
+    except ValueError as e:
+        print(f"baton up: {e}", file=sys.stderr)
+        return 2
     stack = LocalStack(spec_from_args(args))
     try:
         stack.start()
@@ -51,10 +88,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         roles = ", ".join(f"{w.role}@{w.url}" for w in stack.workers)
         print(f"Baton is up: {stack.url}/v1  (workers: {roles}; logs: {stack.log_dir})", flush=True)
-        if args.autoscale:
+        if settings is not None:
             from baton.local.autoscale import start_controller
 
-            controller = start_controller(stack)
+            controller = start_controller(stack, settings)
+            print(f"Autoscaler: {controller.url} (/decisions, /metrics; a decision every "
+                  f"{settings.period_s:g}s)", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
         while not stop.wait(0.5):
             pass

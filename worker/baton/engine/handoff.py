@@ -42,7 +42,9 @@ def commit_remote(engine, request_id: str, first_token: int, logprob: float | No
     seq = _get(engine, request_id, SequenceStatus.REMOTE)
     seq.num_computed_tokens = seq.num_prompt_tokens
     engine.blocks.register_full_blocks(seq)
-    engine.blocks.record_admission(seq)
+    # The prompt was looked up in the prefix cache where it was prefilled: counting it here as
+    # well would double the fleet's prefix queries (the controller's input length, hit rate).
+    seq.num_cached_tokens = seq.num_computed_tokens
     engine.scheduler.add_running(seq)
     return engine._append_token(seq, SampleResult(first_token, logprob), time.monotonic())
 

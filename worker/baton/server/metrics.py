@@ -29,6 +29,7 @@ class WorkerMetrics:
         self.running = Gauge("baton_num_requests_running", "sequences in the running batch", L, registry=r)
         self.waiting = Gauge("baton_num_requests_waiting", "sequences waiting", L, registry=r)
         self.kv_usage = Gauge("baton_kv_cache_usage_ratio", "used KV blocks / all KV blocks", L, registry=r)
+        self.kv_capacity = Gauge("baton_kv_cache_capacity_tokens", "tokens the KV pool holds (blocks x block size)", L, registry=r)
         self.prefix_queries = Counter("baton_prefix_cache_queries", "prompt tokens looked up in the prefix cache", L, registry=r)
         self.prefix_hits = Counter("baton_prefix_cache_hits", "prompt tokens found in the prefix cache", L, registry=r)
         self.prompt_tokens = Counter("baton_prompt_tokens", "prompt tokens prefilled", L, registry=r)
@@ -47,7 +48,7 @@ class WorkerMetrics:
     def set_role(self, role: str) -> None:
         self.role = role
         # create every series of the new role now, so dashboards see zeros, not gaps
-        for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
+        for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage, self.kv_capacity,
                        self.prefix_queries, self.prefix_hits, self.prompt_tokens,
                        self.generation_tokens, self.kv_bytes, self.kv_seconds, self.kv_exposed,
                        self.prefill_busy, self.conversions):
@@ -116,4 +117,5 @@ class WorkerMetrics:
             self.running.labels(role=role).set(len(engine.scheduler.running))
             self.waiting.labels(role=role).set(len(engine.scheduler.waiting))
             self.kv_usage.labels(role=role).set(engine.blocks.usage)
+            self.kv_capacity.labels(role=role).set(engine.blocks.num_blocks * engine.blocks.block_size)
         return generate_latest(self.registry)

@@ -1,0 +1,68 @@
+"""`baton up --autoscale`: its options, and the controller's /decisions and /metrics server."""
+
+from __future__ import annotations
+
+import argparse
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from baton.autoscaler.inputs import Action, Decision, PolicyConfig
+from baton.autoscaler.instruments import metrics_for
+from baton.autoscaler.loop import decision_record
+from baton.local.controller_http import ControllerServer, DecisionLog, decision_line
+from baton.local.up import add_arguments, autoscale_settings
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--autoscale", *argv])
+
+
+def test_autoscale_options_reach_the_policy():
+    defaults = autoscale_settings(parse())
+    assert defaults.period_s == 15.0 and defaults.window_s is None and defaults.port == 0
+    assert defaults.policy == PolicyConfig()
+    chosen = autoscale_settings(parse("--autoscale-period", "5", "--autoscale-window", "15",
+                                      "--autoscale-persist", "2", "--autoscale-cooldown", "10",
+                                      "--slo", "ttft=20s,tpot=1s", "--controller-port", "9123"))
+    assert (chosen.period_s, chosen.window_s, chosen.port) == (5.0, 15.0, 9123)
+    assert chosen.policy == PolicyConfig(ttft_slo_s=20.0, tpot_slo_s=1.0, persist_periods=2, cooldown_s=10.0)
+    for bad in (["--autoscale-period", "0"], ["--autoscale-window", "0"], ["--autoscale-persist", "0"],
+                ["--slo", "speed=1s"]):
+        with pytest.raises(ValueError):
+            autoscale_settings(parse(*bad))
+
+
+def test_decisions_and_metrics_over_http():
+    import datetime as dt
+
+    registry = CollectorRegistry()
+    metrics = metrics_for(registry)
+    metrics.start("local")
+    log = DecisionLog(period_s=5.0, keep=2)
+    decision = Decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1), (2, 1),
+                        "convert one decode worker to prefill (1P2D -> 2P1D); inputs input_len=1.2e+03",
+                        {"input_len": 1200.0, "arrival_rate": None}, {"gain": 0.5})
+    status = decision_record(decision, dt.datetime(2025, 1, 1, tzinfo=dt.UTC), "converting w1")
+    for _ in range(3):
+        record = log.add(decision, status, "converting w1", None)
+    assert "period 3: convert-decode-to-prefill: convert one" in decision_line(record)
+    assert decision_line(record).endswith("[converting w1]")
+    server = ControllerServer(log, registry).start()
+    try:
+        body = httpx.get(f"{server.url}/decisions").json()
+        text = httpx.get(f"{server.url}/metrics").text
+        missing = httpx.get(f"{server.url}/nothing")
+    finally:
+        server.stop()
+    assert body["period_s"] == 5.0 and body["periods"] == 3
+    assert [d["period"] for d in body["decisions"]] == [2, 3]  # only the last `keep`
+    last = body["decisions"][-1]
+    assert last["action"] == "convert-decode-to-prefill" and last["applied"] == "converting w1"
+    assert last["inputs"] == {"input_len": 1200.0} and last["current"] == [1, 2]
+    assert last["explanation"].startswith("convert one decode worker")
+    assert 'baton_autoscaler_decisions_total{action="hold",deployment="local"} 0.0' in text
+    assert missing.status_code == 404
