@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-
 # One entry per kind: (the step's tensor it was built from, the result). Tensors of a step
 # are new objects each step, so identity says whether an entry is this step's.
 _STEP_CACHE: dict[str, tuple[tuple, object]] = {}
