@@ -181,18 +181,19 @@ def stream_once(decode: Worker, length: int, rng: random.Random, rid: str, state
                                                                 "params": params, "ttl_s": 600})["ticket"])
     if state.get("source_for") != len(ids):
         state["source"], state["source_for"] = SnapshotSource(ticket.to_dict(), len(ids)), len(ids)
-    if "loop" not in state:  # one sender (one connection) for all runs, as in a prefill worker
-        state["loop"] = BackgroundLoop("bench-kv-sender")
-        state["sender"] = select_transport("auto", ticket.kv_endpoint).sender(
-            ticket.kv_endpoint, worker_id=ticket.worker_id, token=TOKEN)
     # the sender side on one core with one torch thread, as a prefill worker is (its loop
-    # thread inherits this); two OpenMP threads on one core stall each gather by ~15 ms
+    # thread, started below, inherits this); two OpenMP threads on one core stall each
+    # gather by ~15 ms
     import torch
 
     torch.set_num_threads(1)
     all_cores = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})
     try:
+        if "loop" not in state:  # one sender (one connection) for all runs, as in a prefill worker
+            state["loop"] = BackgroundLoop("bench-kv-sender")
+            state["sender"] = select_transport("auto", ticket.kv_endpoint).sender(
+                ticket.kv_endpoint, worker_id=ticket.worker_id, token=TOKEN)
         return _stream(decode, ids, rid, ticket, state, LayerStreamer)
     finally:
         os.sched_setaffinity(0, all_cores)
@@ -201,8 +202,10 @@ def stream_once(decode: Worker, length: int, rng: random.Random, rid: str, state
 def _stream(decode: Worker, ids: list[int], rid: str, ticket, state: dict, LayerStreamer) -> dict:
     source = state["source"]
     reader = StreamReader(decode, rid)
+    # blocks_stable, as a prefill worker passes it: the snapshot is never written, so layers
+    # go out from its blocks without a copy
     streamer = LayerStreamer(ticket, state["sender"], state["loop"].loop, src_block_ids=source.blocks,
-                             src_block_size=SnapshotSource.BLOCK_SIZE)
+                             src_block_size=SnapshotSource.BLOCK_SIZE, blocks_stable=True)
     started = time.perf_counter()
     for layer, (k, v) in enumerate(source.caches):
         streamer.on_layer_done(layer, k, v)

@@ -8,9 +8,10 @@ import uuid
 
 import torch
 
+from baton.kv.blockviews import layer_views
 from baton.kv.layout import scatter_layer
 from baton.kv.ticket import Ticket
-from baton.kv.transport import KVSink, select_transport
+from baton.kv.transport import KVSink, LayerWrite, select_transport
 
 TOKEN = "test-token-1234"
 
@@ -112,3 +113,28 @@ def sender_for(
     name: str, endpoint: str, worker_id: str = "decode-0", token: str = TOKEN, **options
 ):
     return select_transport(name).sender(endpoint, worker_id=worker_id, token=token, **options)
+
+
+class _ViewWrite(LayerWrite):
+    def __init__(self, sink, request_id, layer, views):
+        self.views, self._sink, self._key = views, sink, (request_id, layer)
+
+    def end(self, ok):
+        self._sink.direct_writes.append((*self._key, ok))
+        if ok:
+            self._sink.writes.append(self._key)
+
+
+class DirectSink(CacheSink):
+    """A CacheSink that lets the receiver read layers straight into its blocks."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.direct_writes: list[tuple[str, int, bool]] = []
+
+    def begin_layer_write(self, ticket, layer):
+        k, v = self.caches[layer]
+        start = ticket.head_start - self.head_base
+        views = layer_views(k, v, ticket.block_ids, ticket.block_size, ticket.num_tokens,
+                            start, start + ticket.num_heads)
+        return None if views is None else _ViewWrite(self, ticket.request_id, layer, views)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import crc32c
 import torch
 
+from baton.kv.blockviews import IOV_MAX
 from baton.kv.wire import PREAMBLE_SIZE, FrameHeader, body_length, decode_header, encode_frame
 
 _SKIP_CHUNK = 1 << 20
@@ -20,6 +22,30 @@ _SKIP_CHUNK = 1 << 20
 
 class ConnectionClosed(ConnectionError):
     pass
+
+
+def _checksum_filled(views: list[memoryview], first: int, nbytes: int, crc: int) -> int:
+    """Extend `crc` over the `nbytes` just written from views[first] on."""
+    i = first
+    while nbytes:
+        piece = views[i] if views[i].nbytes <= nbytes else views[i][:nbytes]
+        crc = crc32c.crc32c(piece, value=crc)
+        nbytes -= piece.nbytes
+        i += 1
+    return crc
+
+
+def _advance(views: list[memoryview], first: int, nbytes: int) -> int:
+    """Account for `nbytes` moved from views[first:]: drop the filled ones, cut the next.
+    Returns the index of the first view with bytes left."""
+    while nbytes:
+        if nbytes >= views[first].nbytes:
+            nbytes -= views[first].nbytes
+            first += 1
+        else:
+            views[first] = views[first][nbytes:]
+            nbytes = 0
+    return first
 
 
 class FrameConn:
@@ -50,22 +76,18 @@ class FrameConn:
 
     async def _sendmsg_all(self, buffers) -> None:
         views = [memoryview(b).cast("B") for b in buffers if len(b)]
-        while views:
+        first = 0  # views[:first] are on their way
+        while first < len(views):
             if self.closed:
                 raise ConnectionClosed("connection closed while sending")
             try:
-                sent = self.sock.sendmsg(views)
+                sent = self.sock.sendmsg(views[first : first + IOV_MAX])
             except (BlockingIOError, InterruptedError):
                 await self._wait_writable()
                 continue
             except OSError as exc:
                 raise ConnectionClosed(f"send failed: {exc}") from exc
-            while sent:
-                if sent >= views[0].nbytes:
-                    sent -= views.pop(0).nbytes
-                else:
-                    views[0] = views[0][sent:]
-                    sent = 0
+            first = _advance(views, first, sent)
 
     async def _wait_ready(self, add, remove) -> None:
         """Wait until the socket is readable/writable; close() wakes every waiter."""
@@ -102,6 +124,31 @@ class FrameConn:
             if n == 0:
                 raise ConnectionClosed("peer closed the connection" + (" mid-frame" if got else ""))
             got += n
+
+    async def recv_into_views(self, views: list[memoryview], checksum: bool = False) -> int:
+        """Fill the byte views in order, as if they were one buffer (one recvmsg_into call
+        fills many of them: a layer spread over block runs costs no extra system calls).
+        With `checksum`, returns the CRC32C of the bytes, taken as each piece lands (while
+        it is still in the CPU cache; a second pass over a multi-MB layer reads it back from
+        memory). The caller's list is left as it was."""
+        views = [v for v in views if v.nbytes]
+        first, crc = 0, 0
+        while first < len(views):
+            if self.closed:
+                raise ConnectionClosed("connection closed")
+            try:
+                n = self.sock.recvmsg_into(views[first : first + IOV_MAX])[0]
+            except (BlockingIOError, InterruptedError):
+                await self._wait_ready(self.loop.add_reader, self.loop.remove_reader)
+                continue
+            except OSError as exc:
+                raise ConnectionClosed(f"receive failed: {exc}") from exc
+            if n == 0:
+                raise ConnectionClosed("peer closed the connection mid-frame")
+            if checksum:
+                crc = _checksum_filled(views, first, n, crc)
+            first = _advance(views, first, n)
+        return crc
 
     async def recv_preamble(self) -> bytes:
         """Wait (without a deadline of its own) for the next frame to start."""

@@ -19,13 +19,24 @@ from collections import OrderedDict
 from baton.kv.conn import ConnectionClosed, FrameConn
 from baton.kv.messages import Ack, ErrorCode, ErrorInfo, Hello, decode_control, encode_control
 from baton.kv.protocol import Refusal, TransferProgress, check_ticket_usable
-from baton.kv.transport import KVReceiver, KVSink, ReceiveStats, internal_token, maybe_await
+from baton.kv.transport import (
+    KVReceiver,
+    KVSink,
+    LayerWrite,
+    ReceiveStats,
+    internal_token,
+    maybe_await,
+)
 from baton.kv.wire import ChecksumMismatch, FrameHeader, FrameKind, WireError, verify_payload
 
 log = logging.getLogger(__name__)
 
 
 class FrameReceiver(KVReceiver):
+    # Payloads follow their header on the stream, so they can be read straight into the
+    # sink's blocks (TCP; shared memory hands over a segment instead).
+    inline_payloads = False
+
     def __init__(
         self,
         sink: KVSink,
@@ -177,6 +188,48 @@ class FrameReceiver(KVReceiver):
             await self._discard_payload(conn, h)
             await self._send_error(conn, h.request_id, refusal.info)
             return
+        write = self._begin_direct_write(progress, h)
+        if write is not None:
+            if not await self._receive_into(conn, h, write):
+                return
+        elif not await self._receive_and_copy(conn, h, progress):
+            return
+        if self._progress.get(h.request_id, (None,))[0] is not progress:
+            return  # dropped while we were reading (expired, receiver closing)
+        progress.record_layer(h, self.clock())
+        await self._maybe_complete(h.request_id)
+
+    def _begin_direct_write(self, progress: TransferProgress, h: FrameHeader) -> LayerWrite | None:
+        """The sink's destination views for this layer, when the payload can go straight
+        there; None: read it into a buffer and let the sink copy it. A sink that refuses
+        here refuses in write_layer too, with the same error, on the copy path."""
+        if not self.inline_payloads:
+            return None
+        try:
+            write = self.sink.begin_layer_write(progress.ticket, h.layer)
+        except Exception:
+            return None
+        if write is not None and sum(v.nbytes for v in write.views) != h.payload_nbytes:
+            write.end(False)  # cannot happen for a frame that matches its ticket; be safe
+            return None
+        return write
+
+    async def _receive_into(self, conn: FrameConn, h: FrameHeader, write: LayerWrite) -> bool:
+        """Read the payload into the sink's views, checksum them; True when intact."""
+        ok = False
+        try:
+            got = await conn.recv_into_views(write.views, checksum=True)
+            ok = got == h.payload_crc
+        finally:
+            write.end(ok)  # on any exit: a cancel waiting for this write may free the blocks
+        if not ok:
+            msg = (f"checksum: layer {h.layer} of {h.request_id!r} has CRC32C {got:#010x}, "
+                   f"header says {h.payload_crc:#010x}")
+            await self._send_error(conn, h.request_id, ErrorInfo(ErrorCode.CHECKSUM, msg, h.layer))
+        return ok
+
+    async def _receive_and_copy(self, conn: FrameConn, h: FrameHeader, progress: TransferProgress) -> bool:
+        """Read the payload into a buffer, verify it, let the sink copy it; True when stored."""
         buf, release = await self._read_payload(conn, h)
         try:
             try:
@@ -185,22 +238,19 @@ class FrameReceiver(KVReceiver):
                 await self._send_error(
                     conn, h.request_id, ErrorInfo(ErrorCode.CHECKSUM, str(exc), h.layer)
                 )
-                return
+                return False
             try:
                 tensor = buf.view(progress.ticket.torch_dtype).view(h.shape)
                 await maybe_await(self.sink.write_layer(progress.ticket, h.layer, tensor))
             except Exception as exc:
                 info = ErrorInfo(ErrorCode.SINK, f"could not store layer {h.layer}: {exc}", h.layer)
                 await self._fail(h.request_id, info)
-                return
+                return False
         finally:
             # Views of a shared-memory mapping must be gone before it can be unmapped.
             tensor = buf = None
             release()
-        if self._progress.get(h.request_id, (None,))[0] is not progress:
-            return  # dropped while we were reading (expired, receiver closing)
-        progress.record_layer(h, self.clock())
-        await self._maybe_complete(h.request_id)
+        return True
 
     async def _on_end(self, conn: FrameConn, h: FrameHeader) -> None:
         payload = (await conn.recv_payload(h.payload_nbytes)).numpy()

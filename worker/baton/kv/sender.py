@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from baton.kv.blockviews import ViewPayload
 from baton.kv.conn import ConnectionClosed, FrameConn
 from baton.kv.messages import (
     RETRYABLE,
@@ -41,7 +42,7 @@ from baton.kv.wire import (
     FrameKind,
     WireError,
     layer_header,
-    tensor_bytes,
+    payload_views,
     verify_payload,
 )
 
@@ -55,9 +56,10 @@ class FrameTransfer(KVTransfer):
     def __init__(self, sender: FrameSender, ticket: Ticket):
         self.sender = sender
         self.ticket = ticket
-        self._payloads: dict[int, torch.Tensor] = {}
+        self._payloads: dict[int, torch.Tensor | ViewPayload] = {}
         self._crcs: dict[int, int] = {}
         self._resends: Counter[int] = Counter()
+        self._resending: set[asyncio.Task] = set()  # awaited by abort(): payloads may be views
         self._done = asyncio.get_running_loop().create_future()
         self._failure: TransferError | None = None
         self._closed = False
@@ -72,7 +74,9 @@ class FrameTransfer(KVTransfer):
         if self._closed:
             raise TransferError(f"transfer for {self.ticket.request_id!r} is closed")
 
-    async def send_layer(self, layer: int, payload: torch.Tensor) -> None:
+    async def send_layer(self, layer: int, payload: torch.Tensor | ViewPayload) -> None:
+        """`payload` is a tensor or a ViewPayload of cache blocks; a ViewPayload's memory
+        must stay unchanged until this transfer ends (ACK or abort), for re-sends."""
         self._raise_if_failed()
         t = self.ticket
         if not 0 <= layer < t.num_layers:
@@ -83,14 +87,15 @@ class FrameTransfer(KVTransfer):
             raise ValueError(
                 f"payload: expected {t.layer_payload_shape} {t.dtype}, got {tuple(payload.shape)} {payload.dtype}"
             )
-        payload = payload.contiguous()
+        if isinstance(payload, torch.Tensor):
+            payload = payload.contiguous()
         self._payloads[layer] = payload  # kept until ACK: a corrupted layer is re-sent from here
         start = time.perf_counter()
         header = await self._ship(layer, payload)
         self._crcs[layer] = header.payload_crc
         self.sent_at[layer] = (start, time.perf_counter())
 
-    async def _ship(self, layer: int, payload: torch.Tensor) -> FrameHeader:
+    async def _ship(self, layer: int, payload) -> FrameHeader:
         header = layer_header(
             self.ticket.request_id,
             layer,
@@ -141,10 +146,15 @@ class FrameTransfer(KVTransfer):
     async def abort(self) -> None:
         if not self._closed:
             self._closed = True
-            self._payloads.clear()  # release the prefill copy
             self.sender._forget(self)
             if not self._done.done():
                 self._done.cancel()
+        # A re-send in progress still reads its payload (maybe the prefill's own blocks):
+        # the caller may free that memory only once it is done.
+        pending = [task for task in self._resending if not task.done()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._payloads.clear()  # release the prefill copy
 
     # -- called by the sender's reader ---------------------------------------------------
     def _on_ack(self, ack: Ack) -> None:
@@ -156,7 +166,9 @@ class FrameTransfer(KVTransfer):
         if info.code in RETRYABLE and layer in self._payloads:
             if self._resends[layer] < self.sender.max_resends:
                 self._resends[layer] += 1
-                self.sender._spawn(self._resend(layer))
+                task = self.sender._spawn(self._resend(layer))
+                self._resending.add(task)
+                task.add_done_callback(self._resending.discard)
                 return
             info = ErrorInfo(
                 info.code,
@@ -204,13 +216,17 @@ class FrameSender(KVSender):
 
     @abstractmethod
     async def _send_layer_frame(
-        self, transfer: FrameTransfer, header: FrameHeader, payload: torch.Tensor
+        self, transfer: FrameTransfer, header: FrameHeader, payload: torch.Tensor | ViewPayload
     ) -> None:
         """Put one LAYER frame (and its payload) on the way to the receiver."""
 
-    def _wire_bytes(self, header: FrameHeader, payload: torch.Tensor):
-        view = tensor_bytes(payload)
-        return self.on_wire(header, view) if self.on_wire else view
+    def _wire_bytes(self, header: FrameHeader, payload) -> list[memoryview]:
+        """The payload's byte views in wire order (through the test hook when one is set)."""
+        views = payload_views(payload)
+        if self.on_wire is None:
+            return views
+        joined = views[0] if len(views) == 1 else memoryview(b"".join(views))
+        return payload_views(self.on_wire(header, joined))
 
     # -- connection ----------------------------------------------------------------------
     async def _connection(self) -> FrameConn:

@@ -136,18 +136,19 @@ class ShmSender(FrameSender):
             raise
         return sock
 
-    def _write_segment(self, data) -> str:
+    def _write_segment(self, views: list[memoryview]) -> str:
+        """A fresh segment holding the views laid end to end."""
         self._counter += 1
         name = f"{self._prefix}{self._counter}"
         path = os.path.join(segment_dir(), name)
-        view = memoryview(data).cast("B")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             # write() fills tmpfs pages in bulk; writing through a fresh mmap would take a
             # page fault per 4 KiB.
-            written = 0
-            while written < view.nbytes:
-                written += os.write(fd, view[written:])
+            for view in views:
+                written = 0
+                while written < view.nbytes:
+                    written += os.write(fd, view[written:])
         except BaseException:
             _unlink(path)
             raise

@@ -1,10 +1,15 @@
 """Prefill side: ship each layer's KV while the next layer computes.
 
 The model calls `on_layer_done(layer, k_cache, v_cache)` from its compute thread right after
-a layer has written its KV. The streamer copies that layer's slice (so compute may go on and
-even reuse the blocks) and queues it to a sender running on an event loop in another thread,
-which puts it on the wire while the next layer computes. `finish(first_token)` sends END and
-waits for the receiver's ACK. Timestamps per layer let the overlap be measured, not assumed.
+a layer has written its KV. The streamer queues that layer's slice to a sender running on an
+event loop in another thread, which puts it on the wire while the next layer computes.
+
+The slice goes out straight from the cache blocks (byte views, no copy) when they allow it
+(CPU cache, all heads: see blockviews.py) and the caller promises the blocks stay untouched
+until the transfer is over (`blocks_stable`; it waits for `closed()` before freeing them).
+Otherwise it is copied first, so compute may go on and even reuse the blocks.
+`finish(first_token)` sends END and waits for the receiver's ACK. Timestamps per layer let
+the overlap be measured, not assumed.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from baton.kv.blockviews import ViewPayload, layer_views
 from baton.kv.buffers import SEND_BUFFERS, BufferPool
 from baton.kv.layout import gather_layer
 from baton.kv.messages import Ack
@@ -99,10 +105,14 @@ class LayerStreamer:
         src_block_size: int,
         clock=time.perf_counter,
         buffers: BufferPool = SEND_BUFFERS,
+        blocks_stable: bool = False,
     ):
         """`src_block_ids`/`src_block_size`: where the prompt's KV lies in *this* worker's
         cache; the ticket says where it goes on the receiver. `loop` runs `sender` on
-        another thread (BackgroundLoop().loop, or the worker server's own loop)."""
+        another thread (BackgroundLoop().loop, or the worker server's own loop).
+        `blocks_stable`: the caller guarantees nothing writes those blocks of a layer once
+        it is reported, and keeps them until `closed()` is done; the layers then go out
+        from the blocks themselves, without a copy."""
         self.ticket = ticket
         self.sender = sender
         self.loop = loop
@@ -114,6 +124,9 @@ class LayerStreamer:
         self._buffers: list[torch.Tensor] = []  # back to the pool once the transfer is over
         self._queue: asyncio.Queue | None = None
         self._queue_ready = threading.Event()
+        self.blocks_stable = blocks_stable
+        self._aborted = False
+        self._transfer = None  # the open transfer, on the loop
         self._error: BaseException | None = None
         self._run_future = asyncio.run_coroutine_threadsafe(self._run(), loop)
 
@@ -127,15 +140,21 @@ class LayerStreamer:
         if self._error is not None:
             return  # the transfer already failed; finish() will say why, compute goes on
         t = self.ticket
-        out = self._pool.acquire(t.layer_payload_shape, k_cache.dtype)
-        self._buffers.append(out)
         args = (self.src_block_ids, self.src_block_size, t.num_tokens, t.head_start, t.head_end)
-        if k_cache.device.type == "cpu":
-            payload = gather_layer(k_cache, v_cache, *args, out=out)
-        else:  # the socket transports send from host memory
-            payload = out.copy_(gather_layer(k_cache, v_cache, *args))
+        views = layer_views(k_cache, v_cache, *args) if self.blocks_stable else None
+        if views is not None:
+            payload = ViewPayload(tuple(views), t.layer_payload_shape, k_cache.dtype)
+        else:
+            payload = self._gather(k_cache, v_cache, args)
         self.report.layers[layer] = LayerTiming(compute_end=compute_end, gathered=self.clock())
         self._put((layer, payload))
+
+    def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, args) -> torch.Tensor:
+        out = self._pool.acquire(self.ticket.layer_payload_shape, k_cache.dtype)
+        self._buffers.append(out)
+        if k_cache.device.type == "cpu":
+            return gather_layer(k_cache, v_cache, *args, out=out)
+        return out.copy_(gather_layer(k_cache, v_cache, *args))  # the sockets send from host memory
 
     def finish(
         self, first_token: int, logprob: float | None = None, timeout: float = 30.0
@@ -159,7 +178,21 @@ class LayerStreamer:
         return self._run_future
 
     def abort(self) -> None:
+        """Stop: layers still queued are dropped, no END goes out. Wait for closed() before
+        freeing the blocks a ViewPayload may still be reading."""
+        self._aborted = True
         self._put((_DONE, None))
+        self.loop.call_soon_threadsafe(self._fail_transfer)
+
+    def _fail_transfer(self) -> None:
+        """On the loop: end a wait for ACK at once (a layer being written finishes first)."""
+        fail = getattr(self._transfer, "_fail", None)
+        if fail is not None:
+            fail(TransferError(f"transfer for {self.ticket.request_id!r} aborted by the caller"))
+
+    def closed(self) -> concurrent.futures.Future:
+        """Done once the sender holds no view of this request's blocks any more."""
+        return self._run_future
 
     def _put(self, item) -> None:
         if not self._queue_ready.wait(timeout=30.0):
@@ -171,10 +204,13 @@ class LayerStreamer:
         self._queue_ready.set()
         transfer = None
         try:
-            transfer = await self.sender.open(self.ticket)
+            transfer = self._transfer = await self.sender.open(self.ticket)
+            if self._aborted:
+                self._fail_transfer()
             while True:
                 layer, item = await self._queue.get()
-                if layer is _DONE:
+                if layer is _DONE or self._aborted:
+                    item = None if self._aborted else item
                     break
                 timing = self.report.layers[layer]
                 timing.send_start = self.clock()

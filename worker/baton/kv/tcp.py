@@ -22,6 +22,7 @@ def _no_release() -> None:
 
 
 class TcpReceiver(FrameReceiver):
+    inline_payloads = True
     def __init__(self, sink, *, worker_id: str, host: str = "127.0.0.1", port: int = 0, **options):
         super().__init__(sink, worker_id=worker_id, **options)
         self.host = host

@@ -60,6 +60,19 @@ class ReceiveStats:
     end_at: float  # when END arrived
 
 
+class LayerWrite(ABC):
+    """A claim on one layer's destination memory, for a receiver that reads the payload
+    straight into it. `views` are byte ranges in wire order (K runs, then V runs); the
+    receiver fills them, verifies the checksum over them, then calls `end` exactly once."""
+
+    views: list[memoryview]
+
+    @abstractmethod
+    def end(self, ok: bool) -> None:
+        """The write is over; `ok`: every byte arrived and the checksum matched (only then
+        does the layer count as written). After this the receiver never touches `views`."""
+
+
 class KVSink(ABC):
     """What the decode worker's engine provides to a receiver.
 
@@ -76,6 +89,13 @@ class KVSink(ABC):
     def write_layer(self, ticket: Ticket, layer: int, payload: torch.Tensor) -> None:
         """Store a verified [2, num_tokens, heads, head_dim] payload into the ticket's blocks
         (e.g. with layout.scatter_layer)."""
+
+    def begin_layer_write(self, ticket: Ticket, layer: int) -> LayerWrite | None:
+        """Optional: destination views to receive the layer into directly (no copy), or
+        None for `write_layer`. Only views of the ticket's own reserved blocks; they must
+        stay reserved until `end` (a cancel meanwhile frees them after it). A failed or
+        corrupt write leaves those blocks with partial data; the layer is then re-sent."""
+        return None
 
     @abstractmethod
     def finish(

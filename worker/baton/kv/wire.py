@@ -25,6 +25,7 @@ import crc32c
 import numpy as np
 import torch
 
+from baton.kv.blockviews import ViewPayload, checksum_views
 from baton.kv.dtypes import dtype_code, dtype_from_code, dtype_name, itemsize, torch_dtype
 from baton.kv.layout import gather_layer, scatter_layer  # noqa: F401  (the wire's tensor side)
 
@@ -99,6 +100,15 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     )
 
 
+def payload_views(payload) -> list[memoryview]:
+    """A payload as byte views in wire order: a tensor, a ViewPayload (block runs of a
+    cache) or any bytes-like object. Empty views are dropped."""
+    if isinstance(payload, ViewPayload):
+        return [v for v in payload.views if v.nbytes]
+    view = tensor_bytes(payload) if isinstance(payload, torch.Tensor) else memoryview(payload).cast("B")
+    return [view] if view.nbytes else []
+
+
 @dataclass(frozen=True)
 class FrameHeader:
     kind: FrameKind
@@ -132,19 +142,20 @@ def layer_header(
     request_id: str,
     layer: int,
     block_ids,
-    payload: torch.Tensor,
+    payload,
     *,
     token_start: int = 0,
     head_start: int = 0,
     ref: str = "",
 ) -> FrameHeader:
-    """Header for one layer's payload [2, tokens, heads, head_dim]; computes the checksum."""
+    """Header for one layer's payload [2, tokens, heads, head_dim] (a tensor or a
+    ViewPayload); computes the checksum."""
     if payload.dim() != 4 or payload.shape[0] != 2:
         raise ValueError(
             f"payload: expected [2, tokens, heads, head_dim], got {tuple(payload.shape)}"
         )
     _, tokens, heads, _ = payload.shape
-    view = tensor_bytes(payload)
+    views = payload_views(payload)
     return FrameHeader(
         kind=FrameKind.LAYER,
         request_id=request_id,
@@ -156,8 +167,8 @@ def layer_header(
         head_end=head_start + heads,
         dtype=dtype_name(payload.dtype),
         shape=tuple(payload.shape),
-        payload_nbytes=view.nbytes,
-        payload_crc=checksum(view),
+        payload_nbytes=sum(v.nbytes for v in views),
+        payload_crc=checksum_views(views),
         ref=ref,
     )
 
@@ -206,17 +217,17 @@ def encode_header(h: FrameHeader) -> bytes:
 
 
 def encode_frame(h: FrameHeader, payload=b"") -> list:
-    """Buffers to write in order: the header bytes, then the payload itself (not copied)."""
-    view = (
-        tensor_bytes(payload)
-        if isinstance(payload, torch.Tensor)
-        else memoryview(payload).cast("B")
+    """Buffers to write in order: the header bytes, then the payload itself (not copied;
+    a ViewPayload or a list of byte views goes out as its pieces)."""
+    views = (
+        [memoryview(v).cast("B") for v in payload if len(v)]
+        if isinstance(payload, list | tuple)
+        else payload_views(payload)
     )
-    if view.nbytes != h.inline_nbytes:
-        raise SizeMismatch(
-            f"payload: header says {h.inline_nbytes} inline bytes, got {view.nbytes}"
-        )
-    return [encode_header(h), view] if view.nbytes else [encode_header(h)]
+    nbytes = sum(v.nbytes for v in views)
+    if nbytes != h.inline_nbytes:
+        raise SizeMismatch(f"payload: header says {h.inline_nbytes} inline bytes, got {nbytes}")
+    return [encode_header(h), *views]
 
 
 # -- reading frames ----------------------------------------------------------------------

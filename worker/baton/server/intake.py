@@ -2,9 +2,15 @@
 
 A reservation is created on the server's loop, written into by the KV receiver's loop
 (another thread) and committed or cancelled on the engine thread. Each one has a lock: a
-cancel waits for a layer write in progress, and no write starts once the blocks are given
+cancel waits for a layer copy in progress, and no write starts once the blocks are given
 back, so freed blocks never receive late KV. Writing into a reserved block needs no engine
 lock: no step reads or writes the blocks of a sequence that is not scheduled.
+
+Over TCP the receiver reads a layer straight into the reserved blocks (begin_layer_write),
+which takes as long as the frame takes to arrive, too long to hold the lock. Such a write
+is counted under the lock instead; a cancel meanwhile marks the reservation cancelled at
+once but leaves the blocks reserved, and the last write to end frees them (on the engine
+thread). So freed blocks still never receive late bytes, and the engine never waits.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ import time
 from dataclasses import dataclass, field
 
 from baton.engine import handoff
+from baton.kv.blockviews import layer_views
 from baton.kv.dtypes import dtype_name
 from baton.kv.layout import scatter_layer
 from baton.kv.ticket import Ticket
-from baton.kv.transport import KVSink, ReceiveStats
+from baton.kv.transport import KVSink, LayerWrite, ReceiveStats
 from baton.server.errors import conflict
 from baton.server.streams import StreamBook
 
@@ -37,6 +44,50 @@ class Reservation:
     state: str = OPEN
     layers_written: set[int] = field(default_factory=set)
     last_abort: str | None = None  # why the latest transfer attempt stopped (kept for a retry)
+    writers: int = 0  # direct layer writes in progress (see the module docstring)
+    free_deferred: bool = False  # cancelled during a write: the last writer frees the blocks
+
+    # The state machine; each call holds `lock` for its whole body.
+    def start_write(self) -> None:
+        with self.lock:
+            if self.state != OPEN:
+                raise RuntimeError(f"reservation for {self.ticket.request_id!r} is {self.state}")
+            self.writers += 1
+
+    def end_write(self, layer: int, ok: bool) -> bool:
+        """A direct write is over. True: the caller must free the blocks now (a cancel
+        came in meanwhile and this was the last write)."""
+        with self.lock:
+            self.writers -= 1
+            if ok and self.state == OPEN:
+                self.layers_written.add(layer)
+            free_now = self.free_deferred and self.writers == 0
+            if free_now:
+                self.free_deferred = False
+            return free_now
+
+    def cancel(self) -> str:
+        """"refused" (committing or gone already), "free" (free the blocks now) or
+        "deferred" (a write is in progress; its end frees them)."""
+        with self.lock:
+            if self.state != OPEN:
+                return "refused"
+            self.state = CANCELLED
+            if self.writers:
+                self.free_deferred = True
+                return "deferred"
+            return "free"
+
+
+class _DirectWrite(LayerWrite):
+    def __init__(self, intake: KVIntake, res: Reservation, layer: int, views: list[memoryview]):
+        self.views = views
+        self._end = lambda ok: intake._end_write(res, layer, ok)
+
+    def end(self, ok: bool) -> None:
+        end, self._end = self._end, None
+        if end is not None:
+            end(ok)
 
 
 class KVIntake(KVSink):
@@ -103,11 +154,10 @@ class KVIntake(KVSink):
             return False
 
         def on_engine(engine):
-            with res.lock:
-                if res.state != OPEN:
-                    return False
-                res.state = CANCELLED
-            return handoff.cancel_remote(engine, request_id)
+            outcome = res.cancel()
+            if outcome == "deferred":
+                return True  # cancelled; the write in progress frees the blocks when it ends
+            return outcome == "free" and handoff.cancel_remote(engine, request_id)
 
         cancelled = await self.ae.call(on_engine)
         if cancelled:
@@ -138,6 +188,37 @@ class KVIntake(KVSink):
             scatter_layer(payload, k_cache, v_cache, ticket.block_ids, ticket.block_size, ticket.head_start)
             res.layers_written.add(layer)
 
+    def begin_layer_write(self, ticket: Ticket, layer: int) -> LayerWrite | None:
+        """Views of the reservation's own blocks of `layer`, for the receiver to fill."""
+        res = self.reservations.get(ticket.request_id)
+        if res is None:
+            raise RuntimeError(f"no reservation for {ticket.request_id!r}")
+        t = res.ticket  # our own ticket: its block ids are the reserved ones
+        k_cache, v_cache = self.ae.engine.runner.kv_caches[layer]
+        views = layer_views(k_cache, v_cache, t.block_ids, t.block_size, t.num_tokens, t.head_start, t.head_end)
+        if views is None:
+            return None  # e.g. a GPU cache: write_layer copies
+        res.start_write()
+        return _DirectWrite(self, res, layer, views)
+
+    def _end_write(self, res: Reservation, layer: int, ok: bool) -> None:
+        if res.end_write(layer, ok):
+            self._free_later(res.ticket.request_id)
+
+    def _free_later(self, request_id: str) -> None:
+        """Free a cancelled reservation's blocks on the engine thread (called on the
+        receiver's loop, which must not wait for the engine)."""
+
+        async def free():
+            try:
+                await self.ae.call(lambda engine: handoff.cancel_remote(engine, request_id))
+            except Exception:
+                log.exception("freeing the blocks of cancelled %s failed", request_id)
+
+        task = asyncio.get_running_loop().create_task(free())
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+
     async def finish(self, ticket: Ticket, first_token: int, logprob: float | None, stats: ReceiveStats) -> None:
         """Every layer is written and verified: queue the commit and return at once, so the
         receiver's ACK does not wait for a trip through the engine thread (the ACK promises
@@ -147,7 +228,7 @@ class KVIntake(KVSink):
         if res is None:
             raise RuntimeError(f"no reservation for {rid!r}")
         with res.lock:
-            if res.state != OPEN:
+            if res.state != OPEN or res.writers:
                 raise RuntimeError(f"reservation for {rid!r} was {res.state} before its KV completed")
             res.state = COMMITTING  # from here neither cancel() nor expiry takes the blocks
         self.reservations.pop(rid, None)

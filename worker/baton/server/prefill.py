@@ -6,7 +6,8 @@ during the prompt's last chunk, when every earlier chunk's KV is already in the 
 whole-prompt steps (the prefill role's default) that is the whole prompt's compute. END
 goes out from the engine thread right after the first token is sampled; the HTTP handler
 then waits for the decode worker's ACK and only after it releases its own copy (into the
-prefix cache).
+prefix cache). The layers go out straight from those held blocks (no copy): the blocks
+are released only once the streamer is closed, so the sender never reads freed memory.
 
 When a chunk leaves exactly one prompt token, the engine runs that token as a decode step,
 which calls no layer listener; the layers are then sent right after the step, from the
@@ -20,6 +21,7 @@ token when it commits the sequence.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from dataclasses import replace
@@ -31,6 +33,8 @@ from baton.kv.ticket import Ticket
 from baton.kv.transport import TransferError, TransferRefused, TransferTimeout, select_transport
 from baton.server.errors import ApiError, bad_request
 from baton.server.test_hooks import corrupt_layer_hook, layer_delay_s
+
+log = logging.getLogger(__name__)
 
 
 class RequestAborted(Exception):
@@ -133,8 +137,11 @@ class PrefillService:
         engine = self.ae.engine
         self.check_ticket(engine, ticket, prompt_ids)
         sender = self.senders.get(ticket.kv_endpoint, ticket.worker_id)
+        # blocks_stable: the prompt's blocks are HELD (no step writes them) until released
+        # below, after the streamer is closed
         streamer = LayerStreamer(
-            ticket, sender, self.senders.bg.loop, src_block_ids=[], src_block_size=engine.config.block_size
+            ticket, sender, self.senders.bg.loop, src_block_ids=[], src_block_size=engine.config.block_size,
+            blocks_stable=True,
         )
         handoff = _Handoff(ticket, streamer, len(prompt_ids))
         self.active_ids.add(request_id)
@@ -166,6 +173,7 @@ class PrefillService:
             self.active.pop(request_id, None)
             self.ae.close_stream(request_id)
             try:
+                await _closed(streamer, request_id)
                 # after ACK (or failure) the prompt's blocks go to this worker's prefix cache
                 await self.ae.call(lambda e: e.release(request_id))
             finally:
@@ -239,6 +247,18 @@ class PrefillService:
             handoff.logprob = out.logprobs[0]["logprob"] if out.logprobs else None
             left = max(1.0, handoff.ticket.expires_at - time.time())
             handoff.finish_future = handoff.streamer.finish_async(handoff.first_token, handoff.logprob, left)
+
+
+async def _closed(streamer: LayerStreamer, request_id: str) -> None:
+    """Wait until the sender reads none of the prompt's blocks any more (it may be sending
+    from them). Every wait inside the sender has its own deadline, so this ends."""
+    limit = 2 * getattr(streamer.sender, "frame_timeout", 30.0) + 5.0
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(streamer.closed())), limit)
+    except TimeoutError:
+        log.error("kv sender for %s still busy after %.0fs; releasing its blocks anyway", request_id, limit)
+    except Exception:
+        pass  # the transfer's own error was reported by _wait_ack
 
 
 def prefill_timeout_default() -> float:
