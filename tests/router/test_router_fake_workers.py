@@ -166,3 +166,24 @@ async def test_fifty_concurrent_requests(fake_workers, model_info, expected):
             model="smollm2", prompt=f"Q{i}", max_tokens=100) for i in range(50)))
     assert all(r.choices[0].text == expected for r in results)
     assert min(len(w.paths("generate")) for w in workers) >= 10  # load was spread
+
+
+async def test_client_leaving_mid_stream_aborts_on_the_worker(fake_workers, model_info):
+    decode = await fake_workers("decode", token_delay_s=0.05)
+    async with running_router(model_info, [decode.url]) as url, httpx.AsyncClient(base_url=url) as http:
+        body = {"prompt": "Q:", "max_tokens": 100, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    break  # the first chunk is in: leave
+        for _ in range(100):
+            if decode.aborted:
+                break
+            await asyncio.sleep(0.02)
+        assert decode.aborted == decode.paths("generate")
+        r = await http.get("/v1/completions")
+        assert r.status_code == 405
+        state = (await http.get("/router/state")).json()
+        assert state["admission"]["running"] == 0

@@ -35,6 +35,10 @@ class AdmissionQueue:
         if self.running >= self.max_running and self.waiting >= self.max_waiting:
             raise Overloaded(self.retry_after(), f"the router is at capacity ({self.running} running, "
                              f"{self.waiting} queued); retry later")
+        if not self._slots.locked():  # a free slot: take it without a timeout task
+            await self._slots.acquire()
+            self.running += 1
+            return
         self.waiting += 1
         try:
             await asyncio.wait_for(self._slots.acquire(), self.wait_timeout_s)

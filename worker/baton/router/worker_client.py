@@ -1,14 +1,17 @@
-"""HTTP calls to workers' internal API (docs/contracts.md), over one pooled session."""
+"""HTTP calls to workers' internal API (docs/contracts.md): event streams over http1.py, the rest over aiohttp."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 
-DONE = object()  # the end-of-stream marker
+from baton.router.http1 import Http1Pool, split_url
+from baton.router.sse import DONE, SseLines, parse_sse_line
+
+__all__ = ["DONE", "WorkerClient", "WorkerRefused", "WorkerRejected", "WorkerUnavailable",
+           "parse_sse_line"]
 
 
 class WorkerUnavailable(Exception):
@@ -25,18 +28,6 @@ class WorkerRejected(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
-
-
-def parse_sse_line(line: str) -> Any:
-    """One line of a server-sent event stream -> a JSON payload, DONE, or None."""
-    if not line.startswith("data:"):
-        return None
-    data = line[5:].strip()
-    if not data:
-        return None
-    if data == "[DONE]":
-        return DONE
-    return json.loads(data)
 
 
 def _error_message(status: int, body: bytes) -> str:
@@ -61,8 +52,8 @@ def _raise_for(status: int, body: bytes, what: str) -> None:
 
 
 class WorkerClient:
-    """aiohttp rather than httpx here: it costs about a millisecond less per streamed
-    request, and this client sits on every request's path to its first token."""
+    """The event streams (generate, stream), on every request's path to its first token,
+    go over the lean keep-alive client in http1.py; the rest over one aiohttp session."""
 
     def __init__(self, internal_token: str | None = None, connect_timeout_s: float = 3.0,
                  token_timeout_s: float = 60.0, max_connections: int = 2048):
@@ -71,6 +62,9 @@ class WorkerClient:
         self.token_timeout_s = token_timeout_s
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self.http1 = Http1Pool(connect_timeout_s)
+        auth = f"Authorization: Bearer {internal_token}\r\n" if internal_token else ""
+        self._head_fields = f"{auth}Accept: text/event-stream\r\n"
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -83,6 +77,7 @@ class WorkerClient:
         return self._session
 
     async def close(self) -> None:
+        self.http1.close()
         if self._session is not None:
             await self._session.close()
 
@@ -132,12 +127,53 @@ class WorkerClient:
 
     def generate(self, url: str, request_id: str, prompt_ids: list[int], params: dict) -> AsyncIterator[dict]:
         body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "params": params}
-        return self._events("POST", f"{url}/internal/generate", "generate", json=body)
+        return self._events("POST", f"{url}/internal/generate", "generate", body)
 
     def stream(self, url: str, request_id: str) -> AsyncIterator[dict]:
         return self._events("GET", f"{url}/internal/stream/{request_id}", "stream")
 
-    async def _events(self, method: str, url: str, what: str, **kwargs) -> AsyncIterator[dict]:
+    def _events(self, method: str, url: str, what: str, body: dict | None = None) -> AsyncIterator[dict]:
+        if url.startswith("http://"):
+            return self._lean_events(method, url, what, body)
+        return self._aiohttp_events(method, url, what, **({"json": body} if body is not None else {}))
+
+    def _request_bytes(self, method: str, netloc: str, path: str, body: dict | None) -> bytes:
+        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
+        kind = "Content-Type: application/json\r\n" if body is not None else ""
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {netloc}\r\n{self._head_fields}{kind}"
+                f"Content-Length: {len(payload)}\r\n\r\n")
+        return head.encode() + payload
+
+    async def _lean_events(self, method: str, url: str, what: str, body: dict | None) -> AsyncIterator[dict]:
+        """The worker's events until [DONE]; a broken or silent stream raises WorkerUnavailable."""
+        host, port, netloc, path = split_url(url)
+        timeout_s = self.token_timeout_s
+        try:
+            conn = await self.http1.request(host, port, self._request_bytes(method, netloc, path, body), timeout_s)
+        except (OSError, ValueError) as e:  # HttpError and TimeoutError are OSErrors
+            raise WorkerUnavailable(f"{what}: {type(e).__name__} {e}") from e
+        finished = False
+        try:
+            if conn.status >= 400:
+                _raise_for(conn.status, await conn.read_all(timeout_s), what)
+            lines = SseLines()
+            while (piece := await conn.read_piece(timeout_s)) is not None:
+                for event in lines.feed(piece):
+                    if event is DONE:
+                        finished = True
+                        return
+                    if "error" in event and "token_ids" not in event:
+                        raise WorkerUnavailable(f"{what}: the worker reported {event['error']}")
+                    yield event
+            raise WorkerUnavailable(f"{what}: the stream ended without [DONE]")
+        except OSError as e:
+            raise WorkerUnavailable(f"{what}: {type(e).__name__} {e}") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise WorkerUnavailable(f"{what}: malformed event {e}") from e
+        finally:
+            self.http1.done(conn, finish=finished)
+
+    async def _aiohttp_events(self, method: str, url: str, what: str, **kwargs) -> AsyncIterator[dict]:
         """The worker's events until [DONE]; a broken or silent stream raises WorkerUnavailable."""
         try:
             async with self.session.request(method, url, **kwargs) as response:

@@ -1,0 +1,168 @@
+"""POST /v1/completions and /v1/chat/completions as plain ASGI, in front of FastAPI.
+
+These two sit on every request's path to its first token, so they skip Starlette's stack
+(see asgi_io.py); auth, OpenAI-style errors, admission and metrics are as for any route.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from contextlib import aclosing
+
+from baton.router import responses
+from baton.router.admission import AdmissionQueue, Overloaded
+from baton.router.asgi_io import (
+    BodyTooLarge,
+    ClientGone,
+    header,
+    read_body,
+    send_event_stream,
+    send_json,
+)
+from baton.router.dispatch import Dispatcher, NoCapacity, UpstreamFailed
+from baton.router.metrics import RouterMetrics
+from baton.router.protocol import ApiError, parse_chat, parse_completion
+from baton.router.serving import text_deltas
+from baton.router.tokenizing import ModelInfo
+from baton.router.worker_client import WorkerRejected
+
+log = logging.getLogger(__name__)
+
+PATHS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+
+
+class CompletionRoutes:
+    """ASGI middleware: answers the completion paths itself, passes the rest to `app`."""
+
+    def __init__(self, app, service: CompletionService):
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        if kind is None:
+            await self.app(scope, receive, send)
+        elif scope["method"] != "POST":
+            await send_json(send, 405, {"detail": "Method Not Allowed"}, {"Allow": "POST"})
+        else:
+            await self.service.handle(kind, scope, receive, send)
+
+
+class CompletionService:
+    def __init__(self, model: ModelInfo, dispatcher: Dispatcher, admission: AdmissionQueue,
+                 metrics: RouterMetrics, api_key: str | None):
+        self.model, self.dispatcher, self.admission, self.metrics = model, dispatcher, admission, metrics
+        self.expected_auth = f"Bearer {api_key}".encode() if api_key else None
+
+    def authorized(self, scope) -> bool:
+        return self.expected_auth is None or header(scope, b"authorization") == self.expected_auth
+
+    async def handle(self, kind: str, scope, receive, send) -> None:
+        endpoint = "chat" if kind == "chat" else "completions"
+        status = await self._serve(kind, scope, receive, send)
+        if status is not None:
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+
+    async def _serve(self, kind: str, scope, receive, send) -> int | None:
+        """Answer the request; return the status sent (None: the client left first)."""
+        if not self.authorized(scope):
+            return await _send_error(send, ApiError(401, "missing or wrong API key", "authentication_error",
+                                                    code="invalid_api_key"))
+        try:
+            body = json.loads(await read_body(receive))
+        except ClientGone:
+            return None
+        except BodyTooLarge as e:
+            return await _send_error(send, ApiError(413, str(e)))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return await _send_error(send, ApiError(400, f"the request body is not valid JSON: {e}"))
+        try:
+            req = parse_chat(body, self.model) if kind == "chat" else parse_completion(body, self.model)
+        except ApiError as e:
+            return await _send_error(send, e)
+        try:
+            await self.admission.acquire()
+        except Overloaded as e:
+            return await _send_error(send, ApiError(429, str(e), "rate_limit_error", code="overloaded"),
+                                     {"Retry-After": str(e.retry_after_s)})
+        started = time.perf_counter()
+        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.metrics.prompt_tokens.inc(len(req.prompt_ids))
+        deltas = text_deltas(self.dispatcher, self.model, req, request_id)
+        try:
+            first = await anext(deltas)  # errors before the first text become HTTP errors
+        except BaseException as e:
+            self.admission.release(time.perf_counter() - started)
+            await deltas.aclose()
+            if isinstance(e, Exception):
+                return await _send_error(send, api_error(e))
+            raise
+        self.metrics.ttft.observe(time.perf_counter() - started)
+        if req.stream:
+            events = self._stream_events(req, kind, request_id, first, deltas, started)
+            await send_event_stream(receive, send, events)
+            return 200
+        text, last = first.text, first
+        try:
+            async with aclosing(deltas):
+                while last.finish_reason is None:
+                    last = await anext(deltas)
+                    text += last.text
+        except Exception as e:
+            return await _send_error(send, api_error(e))
+        finally:
+            self._finish(started, last.completion_tokens)
+        await send_json(send, 200, responses.full_response(
+            kind, request_id, req.model, text, last.finish_reason, len(req.prompt_ids), last.completion_tokens))
+        return 200
+
+    def _finish(self, started: float, tokens: int) -> None:
+        elapsed = time.perf_counter() - started
+        self.admission.release(elapsed)
+        self.metrics.e2e.observe(elapsed)
+        self.metrics.generation_tokens.inc(tokens)
+
+    async def _stream_events(self, req, kind, request_id, first, deltas, started):
+        created = int(time.time())
+        last = first
+        try:
+            async with aclosing(deltas):
+                delta, opening = first, True
+                while True:
+                    if delta.text or delta.finish_reason is not None or opening:
+                        yield responses.sse(responses.stream_chunk(
+                            kind, request_id, req.model, created, delta.text, delta.finish_reason, opening))
+                        opening = False
+                    last = delta
+                    if delta.finish_reason is not None:
+                        break
+                    delta = await anext(deltas)
+            if req.include_usage:
+                yield responses.sse(responses.usage_chunk(kind, request_id, req.model, created,
+                                                          len(req.prompt_ids), last.completion_tokens))
+        except Exception as e:  # headers are gone: report in-band, then end the stream
+            yield responses.sse(api_error(e).body())
+        finally:
+            self._finish(started, last.completion_tokens)
+        yield responses.sse("[DONE]")
+
+
+async def _send_error(send, err: ApiError, headers: dict[str, str] | None = None) -> int:
+    await send_json(send, err.status, err.body(), headers)
+    return err.status
+
+
+def api_error(e: Exception) -> ApiError:
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, WorkerRejected):
+        return ApiError(400 if e.status < 500 else 502, str(e))
+    if isinstance(e, NoCapacity):
+        return ApiError(503, str(e), "server_error", code="no_capacity")
+    if isinstance(e, UpstreamFailed | StopAsyncIteration):
+        return ApiError(502, str(e) or "the workers ended the request early", "server_error")
+    log.exception("request failed", exc_info=e)
+    return ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
