@@ -5,7 +5,7 @@ prompts, 256 output tokens) plus a 2,000-token prompt every `--long-every` secon
   A  2 colocated workers, whole-prompt prefill (chunk 0)
   B  2 colocated workers, chunked prefill (256)
   C  1 prefill + 1 decode worker (short prompts prefill locally below the threshold)
-  C0 the same as C without long prompts (its ITL is the reference for C's p99)
+  C0 the same as C with one long prompt near the start only (its ITL is the reference for C's p99)
 Writes one JSON per setup plus a summary and timeline PNGs to bench/results/.
 
     python bench/interference.py --duration 60
