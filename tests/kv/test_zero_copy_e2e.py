@@ -2,6 +2,7 @@
 reads into its reserved blocks (TCP); shared memory and head shards keep the copy path."""
 
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -28,22 +29,29 @@ class CountingPool(BufferPool):
 SRC_BLOCKS = [6, 7, 1, 4, 5, 0]  # runs [6, 7], [1], [4, 5], [0]: views of several runs
 
 
-def stream(transport_name, sink, ticket, src, on_wire=None, pool=None):
-    sink.issue(ticket)
+@contextmanager
+def connected(transport_name, sink, on_wire=None, receiver_close_s=5):
+    """A started receiver around `sink` and a sender to it, on one background loop."""
     with BackgroundLoop() as bg:
         receiver = receiver_for(transport_name, sink)
         bg.run(receiver.start(), timeout=5)
         sender = sender_for(transport_name, receiver.endpoint, on_wire=on_wire)
         try:
-            streamer = LayerStreamer(ticket, sender, bg.loop, src_block_ids=SRC_BLOCKS,
-                                     src_block_size=16, blocks_stable=True, buffers=pool or BufferPool())
-            for layer, (k, v) in enumerate(src):
-                streamer.on_layer_done(layer, k, v)
-            report = streamer.finish(first_token=5, timeout=10)
-            streamer.closed().result(5)
+            yield bg, sender
         finally:
             bg.run(sender.close(), timeout=5)
-            bg.run(receiver.close(), timeout=5)
+            bg.run(receiver.close(), timeout=receiver_close_s)
+
+
+def stream(transport_name, sink, ticket, src, on_wire=None, pool=None):
+    sink.issue(ticket)
+    with connected(transport_name, sink, on_wire) as (bg, sender):
+        streamer = LayerStreamer(ticket, sender, bg.loop, src_block_ids=SRC_BLOCKS,
+                                 src_block_size=16, blocks_stable=True, buffers=pool or BufferPool())
+        for layer, (k, v) in enumerate(src):
+            streamer.on_layer_done(layer, k, v)
+        report = streamer.finish(first_token=5, timeout=10)
+        streamer.closed().result(5)
     return report, streamer
 
 
@@ -105,23 +113,10 @@ def test_head_shards_read_straight_into_each_shard():
     sink = DirectSink(LAYERS, 4, 32, HEADS // 2, HEAD_DIM, torch.float32, head_base=2)
     ticket = make_ticket(request_id="zc-shard", block_ids=[1, 3], block_size=32, num_layers=LAYERS,
                          num_tokens=60, head_start=2, head_end=4)
-    sink.issue(ticket)
-    with BackgroundLoop() as bg:
-        receiver = receiver_for("tcp", sink)
-        bg.run(receiver.start(), timeout=5)
-        sender = sender_for("tcp", receiver.endpoint)
-        try:
-            # the sender has all 4 heads and sends 2: it must gather (no views of a head range)
-            pool = CountingPool()
-            streamer = LayerStreamer(ticket, sender, bg.loop, src_block_ids=SRC_BLOCKS,
-                                     src_block_size=16, blocks_stable=True, buffers=pool)
-            for layer, (k, v) in enumerate(src):
-                streamer.on_layer_done(layer, k, v)
-            streamer.finish(first_token=1, timeout=10)
-            assert pool.acquired == LAYERS
-        finally:
-            bg.run(sender.close(), timeout=5)
-            bg.run(receiver.close(), timeout=5)
+    # the sender has all 4 heads and sends 2: it must gather (no views of a head range)
+    pool = CountingPool()
+    stream("tcp", sink, ticket, src, pool=pool)
+    assert pool.acquired == LAYERS
     arrived_intact(src, sink, ticket, heads=(2, 4))
     assert [ok for *_, ok in sink.direct_writes] == [True] * LAYERS
 
@@ -143,22 +138,15 @@ def test_abort_while_waiting_for_ack_closes_the_streamer_at_once():
     sink = SlowFinishSink(LAYERS, 10, 16, HEADS, HEAD_DIM, torch.float32)
     ticket = make_ticket(request_id="zc-abort", block_ids=[0, 1, 2, 3, 4, 5], num_layers=LAYERS, num_tokens=90)
     sink.issue(ticket)
-    with BackgroundLoop() as bg:
-        receiver = receiver_for("tcp", sink)
-        bg.run(receiver.start(), timeout=5)
-        sender = sender_for("tcp", receiver.endpoint)
-        try:
-            streamer = LayerStreamer(ticket, sender, bg.loop, src_block_ids=SRC_BLOCKS,
-                                     src_block_size=16, blocks_stable=True)
-            for layer, (k, v) in enumerate(src):
-                streamer.on_layer_done(layer, k, v)
-            done = streamer.finish_async(first_token=1, timeout=30)
-            time.sleep(0.5)  # END is out; the ACK is 4 s away
-            started = time.monotonic()
-            streamer.abort()
-            with pytest.raises(TransferError, match="aborted"):
-                streamer.closed().result(5)
-            assert time.monotonic() - started < 2 and done.done()
-        finally:
-            bg.run(sender.close(), timeout=5)
-            bg.run(receiver.close(), timeout=15)
+    with connected("tcp", sink, receiver_close_s=15) as (bg, sender):
+        streamer = LayerStreamer(ticket, sender, bg.loop, src_block_ids=SRC_BLOCKS,
+                                 src_block_size=16, blocks_stable=True)
+        for layer, (k, v) in enumerate(src):
+            streamer.on_layer_done(layer, k, v)
+        done = streamer.finish_async(first_token=1, timeout=30)
+        time.sleep(0.5)  # END is out; the ACK is 4 s away
+        started = time.monotonic()
+        streamer.abort()
+        with pytest.raises(TransferError, match="aborted"):
+            streamer.closed().result(5)
+        assert time.monotonic() - started < 2 and done.done()

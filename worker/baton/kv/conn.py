@@ -109,21 +109,7 @@ class FrameConn:
 
     # -- receiving -----------------------------------------------------------------------
     async def recv_into(self, view: memoryview) -> None:
-        view = view.cast("B") if view.format != "B" else view
-        got = 0
-        while got < view.nbytes:
-            if self.closed:
-                raise ConnectionClosed("connection closed")
-            try:
-                n = self.sock.recv_into(view[got:])
-            except (BlockingIOError, InterruptedError):
-                await self._wait_ready(self.loop.add_reader, self.loop.remove_reader)
-                continue
-            except OSError as exc:
-                raise ConnectionClosed(f"receive failed: {exc}") from exc
-            if n == 0:
-                raise ConnectionClosed("peer closed the connection" + (" mid-frame" if got else ""))
-            got += n
+        await self.recv_into_views([view.cast("B") if view.format != "B" else view])
 
     async def recv_into_views(self, views: list[memoryview], checksum: bool = False) -> int:
         """Fill the byte views in order, as if they were one buffer (one recvmsg_into call
@@ -132,7 +118,7 @@ class FrameConn:
         it is still in the CPU cache; a second pass over a multi-MB layer reads it back from
         memory). The caller's list is left as it was."""
         views = [v for v in views if v.nbytes]
-        first, crc = 0, 0
+        first, crc, got = 0, 0, 0
         while first < len(views):
             if self.closed:
                 raise ConnectionClosed("connection closed")
@@ -144,7 +130,8 @@ class FrameConn:
             except OSError as exc:
                 raise ConnectionClosed(f"receive failed: {exc}") from exc
             if n == 0:
-                raise ConnectionClosed("peer closed the connection mid-frame")
+                raise ConnectionClosed("peer closed the connection" + (" mid-frame" if got else ""))
+            got += n
             if checksum:
                 crc = _checksum_filled(views, first, n, crc)
             first = _advance(views, first, n)
