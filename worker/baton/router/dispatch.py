@@ -17,14 +17,7 @@ from dataclasses import dataclass
 
 from baton.engine.block_manager import block_hashes
 from baton.router.metrics import RouterMetrics
-from baton.router.policy import (
-    PREFILL_ROLES,
-    PrefixIndex,
-    WorkerSnapshot,
-    choose_path,
-    rank_decode,
-    rank_prefill,
-)
+from baton.router.policy import PrefixIndex, WorkerSnapshot, choose_path, rank_decode, rank_prefill
 from baton.router.pool import WorkerPool
 from baton.router.threshold import ThresholdEstimator
 from baton.router.worker_client import (
@@ -99,14 +92,8 @@ class Dispatcher:
 
     # -- one attempt -------------------------------------------------------------------------
     async def _attempt(self, rid: str, prompt: list[int], params: dict) -> AsyncIterator[Chunk]:
-        decode = await self._decode_candidates()
-        if not any(w.accepts_work and w.role in PREFILL_ROLES for w in self.pool.snapshots()):
-            # no choice to make: the hashes only feed the prefix index, after the first token
-            async with aclosing(self._local(rid, prompt, params, None, decode[0].url)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-            return
         hashes = block_hashes(prompt, self.block_size)
+        decode = await self._decode_candidates()
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         has_prefill = bool(rank_prefill(self.pool.snapshots(), hashes, self.index))
         path = choose_path(len(prompt) - cached, self.estimator.threshold(), has_prefill)
@@ -135,25 +122,14 @@ class Dispatcher:
                 raise NoCapacity("no decode worker is available")
             await self.pool.wait_changed(min(left, 0.5))
 
-    async def _local(self, rid: str, prompt: list[int], params: dict, hashes: list[int] | None,
+    async def _local(self, rid: str, prompt: list[int], params: dict, hashes: list[int],
                      url: str) -> AsyncIterator[Chunk]:
-        """`hashes` None: work them out for the prefix index once the first chunk is out
-        (or the attempt is over), off the path to the first token."""
         self.metrics.routes.labels("local").inc()
-        if hashes is not None:
-            self.index.record(url, hashes)
-        recorded = hashes is not None
+        self.index.record(url, hashes)
         events = self.client.generate(url, rid, prompt, params)
-        try:
-            async with aclosing(self._relay(url, rid, events, path="local")) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-                    if not recorded:
-                        recorded = True
-                        self.index.record(url, block_hashes(prompt, self.block_size))
-        finally:
-            if not recorded:
-                self.index.record(url, block_hashes(prompt, self.block_size))
+        async with aclosing(self._relay(url, rid, events, path="local")) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
         deadline = time.monotonic() + self.deadlines.reserve_wait_s
