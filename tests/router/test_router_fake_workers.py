@@ -7,6 +7,7 @@ known without a model.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -187,3 +188,23 @@ async def test_client_leaving_mid_stream_aborts_on_the_worker(fake_workers, mode
         assert r.status_code == 405
         state = (await http.get("/router/state")).json()
         assert state["admission"]["running"] == 0
+
+
+async def test_stream_opens_once_a_worker_takes_the_request(fake_workers, model_info):
+    """The status, headers and a chat stream's role chunk come while the worker is still
+    working on the first token (here it takes 0.5 s), not with it."""
+    decode = await fake_workers("decode", token_delay_s=0.5)
+    loop = asyncio.get_running_loop()
+    async with running_router(model_info, [decode.url]) as url, httpx.AsyncClient(base_url=url, timeout=20) as http:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+        started = loop.time()
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            opened = loop.time() - started
+            seen = []  # (seconds, delta)
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    seen.append((loop.time() - started, json.loads(line[6:])["choices"][0]["delta"]))
+    assert opened < 0.3
+    assert seen[0][1] == {"role": "assistant", "content": ""} and seen[0][0] < 0.3
+    assert seen[1][1]["content"] and seen[1][0] >= 0.45

@@ -10,6 +10,7 @@ import pytest
 
 from baton.router.sse import DONE, SseLines
 from baton.router.worker_client import (
+    ACCEPTED,
     WorkerClient,
     WorkerRefused,
     WorkerRejected,
@@ -73,7 +74,10 @@ class ScriptedWorker:
 
 
 async def collect(client: WorkerClient, url: str) -> list[dict]:
-    return [e async for e in client.generate(url, "r1", [1, 2, 3], {"max_tokens": 2})]
+    """The stream's events after the acceptance that opens every stream."""
+    events = [e async for e in client.generate(url, "r1", [1, 2, 3], {"max_tokens": 2})]
+    assert events[0] is ACCEPTED
+    return events[1:]
 
 
 def test_sse_lines_survive_any_split():
@@ -108,6 +112,7 @@ async def test_a_stream_left_early_is_not_reused():
     async with worker as url:
         client = WorkerClient()
         events = client.generate(url, "r1", [1], {})
+        assert await anext(events) is ACCEPTED  # the status came first
         assert (await anext(events))["token_ids"] == [1]
         await events.aclose()
         await collect(client, url)

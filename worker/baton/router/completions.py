@@ -10,6 +10,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from baton.router import responses
@@ -25,7 +26,7 @@ from baton.router.asgi_io import (
 from baton.router.dispatch import Dispatcher, NoCapacity, UpstreamFailed
 from baton.router.metrics import RouterMetrics
 from baton.router.protocol import ApiError, parse_chat, parse_completion
-from baton.router.serving import text_deltas
+from baton.router.serving import Delta, text_deltas
 from baton.router.tokenizing import ModelInfo
 from baton.router.worker_client import WorkerRejected
 
@@ -91,16 +92,17 @@ class CompletionService:
         started = time.perf_counter()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.metrics.prompt_tokens.inc(len(req.prompt_ids))
-        deltas = text_deltas(self.dispatcher, self.model, req, request_id)
+        deltas = self._timed(text_deltas(self.dispatcher, self.model, req, request_id), started)
         try:
-            first = await anext(deltas)  # errors before the first text become HTTP errors
+            # Errors until a worker takes the request become HTTP errors; from then on the
+            # status is 200 and the headers go out while the prompt is still prefilling.
+            first = await anext(deltas)
         except BaseException as e:
             self.admission.release(time.perf_counter() - started)
             await deltas.aclose()
             if isinstance(e, Exception):
                 return await _send_error(send, api_error(e))
             raise
-        self.metrics.ttft.observe(time.perf_counter() - started)
         if req.stream:
             events = self._stream_events(req, kind, request_id, first, deltas, started)
             await send_event_stream(receive, send, events)
@@ -119,6 +121,18 @@ class CompletionService:
             kind, request_id, req.model, text, last.finish_reason, len(req.prompt_ids), last.completion_tokens))
         return 200
 
+    async def _timed(self, deltas: AsyncIterator[Delta], started: float) -> AsyncIterator[Delta]:
+        """`deltas`, observing the time to the first token on the way."""
+        async with aclosing(deltas):
+            async for delta in deltas:
+                if delta.new_tokens or delta.finish_reason is not None:
+                    self.metrics.ttft.observe(time.perf_counter() - started)
+                    yield delta
+                    break
+                yield delta
+            async for delta in deltas:
+                yield delta
+
     def _finish(self, started: float, tokens: int) -> None:
         elapsed = time.perf_counter() - started
         self.admission.release(elapsed)
@@ -130,7 +144,8 @@ class CompletionService:
         last = first
         try:
             async with aclosing(deltas):
-                delta, opening = first, True
+                # a chat stream opens with the assistant's role before any text, as OpenAI's does
+                delta, opening = first, kind == "chat"
                 while True:
                     if delta.text or delta.finish_reason is not None or opening:
                         yield responses.sse(responses.stream_chunk(

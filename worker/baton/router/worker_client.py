@@ -10,8 +10,13 @@ import aiohttp
 from baton.router.http1 import Http1Pool, split_url
 from baton.router.sse import DONE, SseLines, parse_sse_line
 
-__all__ = ["DONE", "WorkerClient", "WorkerRefused", "WorkerRejected", "WorkerUnavailable",
+__all__ = ["ACCEPTED", "DONE", "WorkerClient", "WorkerRefused", "WorkerRejected", "WorkerUnavailable",
            "parse_sse_line"]
+
+
+# The first event of every stream: the worker answered 200, so it took the request (the
+# router can commit to a 200 of its own before the first token).
+ACCEPTED: dict = {"accepted": True}
 
 
 class WorkerUnavailable(Exception):
@@ -156,6 +161,7 @@ class WorkerClient:
         try:
             if conn.status >= 400:
                 _raise_for(conn.status, await conn.read_all(timeout_s), what)
+            yield ACCEPTED
             lines = SseLines()
             while (piece := await conn.read_piece(timeout_s)) is not None:
                 for event in lines.feed(piece):
@@ -179,6 +185,7 @@ class WorkerClient:
             async with self.session.request(method, url, **kwargs) as response:
                 if response.status >= 400:
                     _raise_for(response.status, await response.read(), what)
+                yield ACCEPTED
                 async for raw in response.content:
                     event = parse_sse_line(raw.decode())
                     if event is DONE:
