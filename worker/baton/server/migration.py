@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 
 from baton.engine import handoff
+from baton.kv.blockviews import ViewPayload, layer_views
 from baton.kv.dtypes import dtype_name
 from baton.kv.layout import gather_layer
 from baton.kv.ticket import Ticket
@@ -90,10 +91,13 @@ class Migrator:
             transfer = await sender.open(ticket)
             try:
                 for layer in range(ticket.num_layers):
-                    # the exported sequence is HELD: no step writes its blocks while we read
+                    # the exported sequence is HELD: no step writes its blocks while we read,
+                    # so they go out as they lie (a copy only where views cannot say it)
                     k_cache, v_cache = engine.runner.kv_caches[layer]
-                    payload = gather_layer(k_cache, v_cache, block_ids, block_size, ticket.num_tokens,
-                                           ticket.head_start, ticket.head_end)
+                    args = (block_ids, block_size, ticket.num_tokens, ticket.head_start, ticket.head_end)
+                    views = layer_views(k_cache, v_cache, *args)
+                    payload = (gather_layer(k_cache, v_cache, *args) if views is None
+                               else ViewPayload(tuple(views), ticket.layer_payload_shape, k_cache.dtype))
                     await transfer.send_layer(layer, payload)
                 await transfer.finish(state["token_ids"][-1], None, timeout_s)
             finally:
