@@ -40,8 +40,14 @@ def store_kvcache(
     keep, slots = _per_step("store", slot_mapping, lambda: _kept_slots(slot_mapping))
     if keep is not None:
         key, value = key[keep], value[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, _as(key, k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, _as(value, v_cache.dtype))
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`; no call at all when it already is (each no-op .to() still costs a
+    dispatch, and a decode step makes hundreds)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -87,6 +93,7 @@ def paged_decode_attention(
 class _DecodeGroup:
     rows: torch.Tensor | None  # which batch rows (None: all of them)
     block_ids: torch.Tensor  # [rows * blocks] cache blocks to gather, row-major, long
+    first_block: int | None  # the blocks are first_block, first_block + 1, ...: a slice, no gather
     num_blocks: int  # per row
     max_len: int
     mask: torch.Tensor | None  # [rows, 1, 1, max_len] True where a key exists
@@ -110,8 +117,16 @@ def _decode_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_s
             limits = torch.tensor(group_lens, device=block_tables.device)
             mask = (positions[None, :] < limits[:, None])[:, None, None, :]
         ids = tables[:, :num_blocks].reshape(-1).long()
-        plan.append(_DecodeGroup(index, ids, num_blocks, max_len, mask))
+        plan.append(_DecodeGroup(index, ids, _first_of_run(ids), num_blocks, max_len, mask))
     return plan
+
+
+def _first_of_run(ids: torch.Tensor) -> int | None:
+    """ids[0] when the ids are consecutive (one sequence's blocks usually are), else None."""
+    first = int(ids[0])
+    if bool((ids == torch.arange(first, first + ids.numel(), device=ids.device)).all()):
+        return first
+    return None
 
 
 def _similar_length_groups(lens: list[int]) -> list[list[int]]:
@@ -131,9 +146,14 @@ def _decode_group(q, k_cache, v_cache, group: _DecodeGroup, scale: float):
     span = group.num_blocks * k_cache.shape[1]
 
     def context(cache: torch.Tensor) -> torch.Tensor:
-        # index_select of whole blocks: [B * blocks, bs, Hkv, D] -> [B, Hkv, L, D]
-        rows = cache.index_select(0, group.block_ids).view(batch, span, *cache.shape[2:])
-        return rows[:, : group.max_len].transpose(1, 2).to(q.dtype)
+        # whole blocks, [B * blocks, bs, Hkv, D] -> [B, Hkv, L, D]: a view of the cache when
+        # they are consecutive, else gathered
+        if group.first_block is not None:
+            blocks = cache[group.first_block : group.first_block + group.block_ids.numel()]
+        else:
+            blocks = cache.index_select(0, group.block_ids)
+        rows = blocks.view(batch, span, *cache.shape[2:])
+        return _as(rows[:, : group.max_len].transpose(1, 2), q.dtype)
 
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, Hq, 1, D]
@@ -192,7 +212,9 @@ def paged_prefill_attention(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, returned in x's dtype (as HF Llama does)."""
-    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)  # one fused op, same bits
+    if x.dtype == torch.float32:  # weight inside: one call, and a*w == w*a bit for bit
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)  # the same bits as HF's steps
     return weight * normed.to(x.dtype)
 
 
@@ -235,8 +257,8 @@ def _rope_factors(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple
 
 
 def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
-    pairs = x.float().unflatten(-1, (2, -1))  # [N, H, 2, D/2]
-    return (pairs * cos2 + pairs.flip(-2) * sin2).flatten(-2).to(x.dtype)
+    pairs = _as(x, torch.float32).unflatten(-1, (2, -1))  # [N, H, 2, D/2]
+    return _as((pairs * cos2 + pairs.flip(-2) * sin2).flatten(-2), x.dtype)
 
 
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> bool:
