@@ -96,18 +96,6 @@ def test_a_view_payload_checksums_like_the_gathered_tensor():
     assert by_views == by_copy and by_views.kind == FrameKind.LAYER
 
 
-def test_a_checksummed_payload_carries_its_crc_into_the_header():
-    ((k, v),) = random_caches(1, 10, 16, 4, 8, torch.float32, seed=5)
-    blocks = [2, 3]
-    views = layer_views(k, v, blocks, 16, 20, 0, 4)
-    payload = ViewPayload.checksummed(views, (2, 20, 4, 8), torch.float32)
-    assert payload.crc == checksum_views(views)
-    assert layer_header("r", 0, blocks, payload) == layer_header("r", 0, blocks, gather_layer(k, v, blocks, 16, 20, 0, 4))
-    # the header trusts the carried value (taken by the compute thread) over a second pass
-    stale = ViewPayload(tuple(views), (2, 20, 4, 8), torch.float32, crc=payload.crc ^ 1)
-    assert layer_header("r", 0, blocks, stale).payload_crc == payload.crc ^ 1
-
-
 def test_a_view_payload_of_the_wrong_size_is_refused():
     with pytest.raises(ValueError, match="views hold"):
         ViewPayload((memoryview(bytes(12)),), (2, 1, 1, 2), torch.float32)

@@ -14,7 +14,7 @@ Anything else (a GPU cache, a head shard, a strided cache) keeps the copy path
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import crc32c
@@ -104,14 +104,11 @@ def checksum_views(views, value: int = 0) -> int:
 @dataclass(frozen=True)
 class ViewPayload:
     """A layer payload that lies in several byte ranges (block runs of a cache), in wire
-    order. Stands in for the [2, tokens, heads, head_dim] tensor on the sender side.
-    `crc`, when given, is the bytes' CRC32C, taken by whoever made the payload (the prefill
-    compute thread), so that the sender's loop only moves bytes."""
+    order. Stands in for the [2, tokens, heads, head_dim] tensor on the sender side."""
 
     views: tuple[memoryview, ...]
     shape: tuple[int, ...]
     dtype: torch.dtype
-    crc: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         expected = math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
@@ -121,11 +118,6 @@ class ViewPayload:
     @property
     def nbytes(self) -> int:
         return sum(v.nbytes for v in self.views)
-
-    @classmethod
-    def checksummed(cls, views, shape: tuple[int, ...], dtype: torch.dtype) -> ViewPayload:
-        views = tuple(views)
-        return cls(views, shape, dtype, checksum_views(views))
 
     def dim(self) -> int:
         return len(self.shape)

@@ -28,7 +28,6 @@ from baton.kv.layout import gather_layer
 from baton.kv.messages import Ack
 from baton.kv.ticket import Ticket
 from baton.kv.transport import KVSender, TransferError, TransferTimeout
-from baton.kv.wire import tensor_bytes
 
 _DONE = object()
 
@@ -143,11 +142,10 @@ class LayerStreamer:
         t = self.ticket
         args = (self.src_block_ids, self.src_block_size, t.num_tokens, t.head_start, t.head_end)
         views = layer_views(k_cache, v_cache, *args) if self.blocks_stable else None
-        if views is None:
-            views = [tensor_bytes(self._gather(k_cache, v_cache, args))]
-        # The checksum is taken here, not on the sender's loop: back to back, layer i+1's
-        # checksum then overlaps layer i's send, and the last layer goes out sooner.
-        payload = ViewPayload.checksummed(views, t.layer_payload_shape, k_cache.dtype)
+        if views is not None:
+            payload = ViewPayload(tuple(views), t.layer_payload_shape, k_cache.dtype)
+        else:
+            payload = self._gather(k_cache, v_cache, args)
         self.report.layers[layer] = LayerTiming(compute_end=compute_end, gathered=self.clock())
         self._put((layer, payload))
 

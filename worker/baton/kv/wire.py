@@ -149,7 +149,7 @@ def layer_header(
     ref: str = "",
 ) -> FrameHeader:
     """Header for one layer's payload [2, tokens, heads, head_dim] (a tensor or a
-    ViewPayload); computes the checksum unless the ViewPayload carries it."""
+    ViewPayload); computes the checksum."""
     if payload.dim() != 4 or payload.shape[0] != 2:
         raise ValueError(
             f"payload: expected [2, tokens, heads, head_dim], got {tuple(payload.shape)}"
@@ -168,7 +168,7 @@ def layer_header(
         dtype=dtype_name(payload.dtype),
         shape=tuple(payload.shape),
         payload_nbytes=sum(v.nbytes for v in views),
-        payload_crc=payload.crc if getattr(payload, "crc", None) is not None else checksum_views(views),
+        payload_crc=checksum_views(views),
         ref=ref,
     )
 
