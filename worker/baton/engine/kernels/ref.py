@@ -232,14 +232,15 @@ def rotary_embedding(
     k: torch.Tensor,  # [N, Hkv, D]
     cos_sin_cache: torch.Tensor,  # [max_pos, D]: cos in [:D/2], sin in [D/2:], fp32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate-half (NeoX) RoPE, as HF Llama applies it, computed in fp32.
+    """Rotate-half (NeoX) RoPE, as HF Llama applies it: in q's dtype, with cos and sin
+    rounded to it (in bf16 each product and the sum round to bf16, as HF's do).
 
     With x = (x1, x2): (x1 cos - x2 sin, x2 cos + x1 sin) = x * (cos, cos) + swap(x) * (-sin, sin),
     the same products and sums, bit for bit, in four tensor ops. Every layer of a step sees
     the same positions, so the factors are built once per step; when K follows Q in one
     row (a fused QKV projection), both rotate as one tensor.
     """
-    cos2, sin2 = _per_step("rope", positions, lambda: _rope_factors(positions, cos_sin_cache))
+    cos2, sin2 = _per_step("rope", positions, lambda: _rope_factors(positions, cos_sin_cache, q.dtype))
     heads_q = q.shape[1]
     if _adjacent_heads(q, k):
         both = q.as_strided((q.shape[0], heads_q + k.shape[1], q.shape[2]), q.stride())
@@ -248,17 +249,18 @@ def rotary_embedding(
     return _rotate(q, cos2, sin2), _rotate(k, cos2, sin2)
 
 
-def _rope_factors(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, 1, 2, D/2] factors: (cos, cos) and (-sin, sin)."""
+def _rope_factors(positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, 1, 2, D/2] factors in `dtype`: (cos, cos) and (-sin, sin)."""
     half = cos_sin_cache.shape[1] // 2
-    cos_sin = cos_sin_cache.index_select(0, positions.long())
+    cos_sin = _as(cos_sin_cache.index_select(0, positions.long()), dtype)
     cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
     return torch.stack((cos, cos), dim=2), torch.stack((-sin, sin), dim=2)
 
 
 def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
-    pairs = _as(x, torch.float32).unflatten(-1, (2, -1))  # [N, H, 2, D/2]
-    return _as((pairs * cos2 + pairs.flip(-2) * sin2).flatten(-2), x.dtype)
+    pairs = x.unflatten(-1, (2, -1))  # [N, H, 2, D/2]
+    return (pairs * cos2 + pairs.flip(-2) * sin2).flatten(-2)
 
 
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> bool:
