@@ -42,6 +42,7 @@ class DecoderLayer(nn.Module):
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
+        self.k_end = cfg.num_heads + cfg.num_kv_heads  # K's heads end (V's begin) in a QKV row
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.eps = cfg.rms_norm_eps
@@ -79,11 +80,8 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
         n = hidden.shape[0]
-        qkv = self.qkv_fn(hidden)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        heads = self.qkv_fn(hidden).view(n, -1, self.head_dim)  # [N, Hq + 2 Hkv, D]
+        q, k, v = heads[:, : self.num_heads], heads[:, self.num_heads : self.k_end], heads[:, self.k_end :]
         q, k = ops.rotary_embedding(positions, q, k, cos_sin)
         ops.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = self._attention(q, k, v, meta, k_cache, v_cache)
@@ -152,7 +150,8 @@ class LlamaModel(nn.Module):
         residual = None
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_caches[index]
-            hidden, residual = layer(positions, hidden, residual, meta, k_cache, v_cache, self.cos_sin)
+            # forward() itself: nn.Module's call machinery (hooks) costs microseconds a layer
+            hidden, residual = layer.forward(positions, hidden, residual, meta, k_cache, v_cache, self.cos_sin)
             if layer_hook is not None:
                 layer_hook(index, k_cache, v_cache)
         hidden = hidden[logits_indices]
