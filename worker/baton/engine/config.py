@@ -61,7 +61,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """K and V, all layers, one token."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 
 

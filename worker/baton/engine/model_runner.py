@@ -38,7 +38,7 @@ class ModelRunner:
     # -- KV cache --------------------------------------------------------------------
     def block_bytes(self) -> int:
         cfg = self.model_config
-        item = torch.empty((), dtype=self.dtype).element_size()
+        item = self.dtype.itemsize
         return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * item
 
     def _num_blocks(self) -> int:

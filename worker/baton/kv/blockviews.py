@@ -111,7 +111,7 @@ class ViewPayload:
     dtype: torch.dtype
 
     def __post_init__(self) -> None:
-        expected = math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        expected = math.prod(self.shape) * self.dtype.itemsize
         if self.nbytes != expected:
             raise ValueError(f"payload: views hold {self.nbytes} bytes, shape {self.shape} of {self.dtype} is {expected}")
 

@@ -31,7 +31,7 @@ class BufferPool:
 
     def acquire(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous CPU tensor of `shape`/`dtype` with undefined contents."""
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
         with self._lock:
             free = self._free.get(nbytes)
             raw = free.pop() if free else None

@@ -50,4 +50,4 @@ def dtype_from_code(code: int) -> str:
 
 
 def itemsize(name: str) -> int:
-    return torch.empty((), dtype=torch_dtype(name)).element_size()
+    return torch_dtype(name).itemsize
