@@ -163,6 +163,29 @@ def test_worker_capacity_is_remembered_traffic_is_not():
     assert reported.kv_capacity_tokens == 8192.0
 
 
+def test_a_window_where_no_request_finished_carries_the_last_traffic_while_requests_run():
+    builder = ObservationBuilder(shape_hold_s=20.0)
+    builder.build(long_prompts(), PoolState(1, 2), 0.0)
+    unfinished = long_prompts(input_len=None, output_len=None, hit_rate=None)  # requests still arrive
+    carried = builder.build(unfinished, PoolState(1, 2), 5.0)
+    assert (carried.input_len, carried.output_len, carried.hit_rate) == (2000.0, 20.0, 0.0)
+    assert carried.carried == ("input_len", "output_len", "hit_rate") and not carried.unknown_fields()
+    assert carried.step_intercept_s is not None  # the step line needs the context length
+    decision = SizingPolicy(PolicyConfig()).decide(carried)
+    assert "input_len, output_len, hit_rate carried from the last window" in decision.explanation
+    # a closed loop sends nothing new while nothing finishes: the zero rate is carried over too
+    quiet = builder.build(long_prompts(arrival_rate=0.0, input_len=None, output_len=None, hit_rate=None),
+                          PoolState(1, 2), 6.0)
+    assert quiet.arrival_rate == 10.0 and quiet.carried == ("arrival_rate", "input_len", "output_len", "hit_rate")
+    # nothing running and nothing arriving: no traffic, nothing carried
+    idle = builder.build(long_prompts(arrival_rate=0.0, input_len=None, output_len=None, hit_rate=None,
+                                      decode_running=0.0), PoolState(1, 2), 7.0)
+    assert idle.input_len is None and idle.carried == () and "input_len" in idle.unknown_fields()
+    # too old: unknown again
+    stale = builder.build(unfinished, PoolState(1, 2), 21.0)
+    assert stale.input_len is None and "input_len" in stale.unknown_fields()
+
+
 def test_policy_config_from_the_spec():
     settings = Autoscaling.model_validate({
         "enabled": True, "mode": "elastic", "prefill": {"min": 1, "max": 3},

@@ -8,9 +8,10 @@ phase 2 short prompts with long outputs (the prefill pool idles, the lone decode
 carries every stream: it must convert back). No request may fail in either phase.
 
 "Within 3 periods of the shift being measurable": the shift is measurable from the first
-decision whose measuring window lies wholly in the new phase and which had every input
-(the rate of finished requests is an input, so a long-output phase measures nothing until its
-first requests finish). The conversion decision must come at most 3 periods after that.
+decision whose measuring window lies wholly in the new phase and which measured every input
+itself (the lengths come from finished requests, so a long-output phase measures nothing
+until its first requests finish; until then they are unknown, or carried from an earlier
+window). The conversion decision must come at most 3 periods after that.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def periods_to_convert(records: list[dict], shift_at: float, action: str) -> tup
     assert conversion is not None, f"no {action} after the shift: {[d['action'] for d in after]}"
     assert conversion["applied"] and not conversion["error"], conversion
     measurable = next(d for d in after if d is conversion or (
-        d["unix_time"] >= shift_at + WINDOW_S and "unknown inputs" not in d["explanation"]))
+        d["unix_time"] >= shift_at + WINDOW_S and "unknown inputs" not in d["explanation"]
+        and "carried from" not in d["explanation"]))
     return conversion, conversion["period"] - measurable["period"] + 1
 
 

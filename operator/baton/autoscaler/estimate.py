@@ -1,8 +1,11 @@
 """From one period's FleetSnapshot to the policy's Observation (pure, with memory).
 
 Two kinds of input are treated differently:
-- traffic (arrival rate, lengths, hit rate) is only ever this window's measurement: when the
-  window saw no traffic it is unknown and the policy holds;
+- traffic (arrival rate, lengths, hit rate) is this window's measurement: when the window saw
+  no traffic it is unknown and the policy holds. The lengths and hit rate come from finished
+  requests, which a window shorter than the requests can lack while they run (and a closed
+  loop then sends no new ones either); while requests are in flight, the last window that
+  measured them stands in (for at most `shape_hold_s`), and the observation says so;
 - worker capacity (prefill supply, KV capacity, the decode step line) is a property of the
   hardware and model, so the last measurement stays valid while the window has no work to
   measure it with. Without it, a pool that is idle in one window could never be resized.
@@ -17,6 +20,7 @@ from .metrics import FleetSnapshot, known
 from .step_model import DecodeStepModel
 
 MIN_KV_USAGE_FOR_CAPACITY = 0.02  # below this the usage ratio is too coarse to divide by
+_TRAFFIC = ("arrival_rate", "input_len", "output_len", "hit_rate")
 
 
 @dataclass(frozen=True)
@@ -61,11 +65,30 @@ class ObservationBuilder:
     """
 
     def __init__(self, kv_capacity_tokens: float | None = None,
-                 step_model: DecodeStepModel | None = None) -> None:
+                 step_model: DecodeStepModel | None = None, shape_hold_s: float = 60.0) -> None:
         self.configured_kv_capacity = kv_capacity_tokens
         self.step_model = step_model or DecodeStepModel(min_samples=3)
         self.prefill_supply: float | None = None
         self.kv_capacity: float | None = kv_capacity_tokens
+        self.shape_hold_s = shape_hold_s
+        self._shape: tuple[dict[str, float], float] | None = None  # last measured shape, when
+
+    def _traffic_shape(self, snap: FleetSnapshot, now_s: float) -> tuple[dict[str, float | None], tuple[str, ...]]:
+        """Arrival rate, lengths and hit rate for this period, and the names taken from an
+        earlier window."""
+        shape = {name: known(getattr(snap, name)) for name in _TRAFFIC}
+        finished = all(shape[name] is not None for name in _TRAFFIC[1:])
+        if finished and shape["arrival_rate"] is not None:
+            self._shape = (shape, now_s)
+            return shape, ()
+        arriving = (shape["arrival_rate"] or 0.0) > 0
+        in_flight = arriving or (known(snap.decode_running) or 0.0) > 0
+        if not in_flight or self._shape is None or now_s - self._shape[1] > self.shape_hold_s:
+            return shape, ()
+        # no request finished: a rate of zero arrivals is the window's blind spot too
+        missing = tuple(name for name in _TRAFFIC if shape[name] is None
+                        or (name == "arrival_rate" and not arriving and not finished))
+        return {**shape, **{name: self._shape[0][name] for name in missing}}, missing
 
     def _learn(self, snap: FleetSnapshot, context: float | None) -> None:
         if snap.prefill_supply is not None:
@@ -82,7 +105,8 @@ class ObservationBuilder:
                 self.kv_capacity = measured
 
     def build(self, snap: FleetSnapshot, pools: PoolState, now_s: float) -> Observation:
-        context = mean_context_tokens(snap.input_len, snap.output_len)
+        shape, carried = self._traffic_shape(snap, now_s)
+        context = mean_context_tokens(shape["input_len"], shape["output_len"])
         self._learn(snap, context)
         line: tuple[float | None, float | None] = (None, None)
         if self.step_model.ready and context is not None:
@@ -91,10 +115,10 @@ class ObservationBuilder:
             now_s=now_s,
             prefill_workers=pools.prefill,
             decode_workers=pools.decode,
-            arrival_rate=snap.arrival_rate,
-            input_len=snap.input_len,
-            output_len=snap.output_len,
-            hit_rate=snap.hit_rate,
+            arrival_rate=shape["arrival_rate"],
+            input_len=shape["input_len"],
+            output_len=shape["output_len"],
+            hit_rate=shape["hit_rate"],
             prefill_supply=self.prefill_supply,
             step_intercept_s=line[0],
             step_per_seq_s=line[1],
@@ -105,4 +129,5 @@ class ObservationBuilder:
             # Not on the required list: unmeasured exposure is no reason to hold, and the
             # sizing treats 0 as "handoff fully hidden".
             exposed_transfer_s=snap.exposed_transfer_s or 0.0,
+            carried=carried,
         )

@@ -38,7 +38,9 @@ class Observation:
     local_share: share of uncached prompt tokens prefilled on decode workers;
     exposed_transfer_s: measured handoff time left on the critical path;
     decode_context_tokens: measured KV tokens per running session (None: use L_in + L_out/2);
-    unreachable_workers: workers whose role is not known this period (the split is a guess).
+    unreachable_workers: workers whose role is not known this period (the split is a guess);
+    carried: traffic inputs this window did not measure (no request finished in it while
+    requests kept arriving), taken from the last window that did.
     """
 
     now_s: float
@@ -57,6 +59,7 @@ class Observation:
     exposed_transfer_s: float = 0.0
     decode_context_tokens: float | None = None
     unreachable_workers: int = 0
+    carried: tuple[str, ...] = ()
 
     def unknown_fields(self) -> list[str]:
         """Names of measurements that are missing or not finite."""

@@ -164,11 +164,12 @@ class SizingPolicy:
             before, after = getattr(ref, name), getattr(obs, name)
             if before and abs(after - before) / abs(before) >= _DRIVER_THRESHOLD:
                 moves.append((abs(after - before) / abs(before), f"{name} {_fmt(before)}->{_fmt(after)}"))
+        carried = f"; {', '.join(obs.carried)} carried from the last window that measured them" if obs.carried else ""
         if not moves:  # nothing moved (e.g. the first traffic seen): the traffic and the supply
             summary = ", ".join(f"{n}={_fmt(getattr(obs, n))}" for n in _DRIVER_FIELDS[:5])
-            return f"inputs {summary}"
+            return f"inputs {summary}{carried}"
         moves.sort(reverse=True)
-        return "driven by " + ", ".join(text for _, text in moves)
+        return "driven by " + ", ".join(text for _, text in moves) + carried
 
 
 def _assessment_outputs(load: sizing.FleetLoad, now: sizing.SplitAssessment, plan: sizing.SplitAssessment, gain: float):
