@@ -94,6 +94,15 @@ def layer_views(k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids, block_s
     return run_views(k_bytes, v_bytes, runs, row_nbytes)
 
 
+def view_payload(k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids, block_size: int,
+                 num_tokens: int, head_start: int, head_end: int,
+                 shape: tuple[int, ...]) -> ViewPayload | None:
+    """The layer's payload of wire shape `shape` as a ViewPayload of the caches' blocks, or
+    None when the copy path must be used (the blocks must stay unchanged while it is sent)."""
+    views = layer_views(k_cache, v_cache, block_ids, block_size, num_tokens, head_start, head_end)
+    return None if views is None else ViewPayload(tuple(views), shape, k_cache.dtype)
+
+
 def checksum_views(views, value: int = 0) -> int:
     """CRC32C of the views laid end to end (what one checksum of the joined bytes gives)."""
     for view in views:

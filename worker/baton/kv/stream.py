@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baton.kv.blockviews import ViewPayload, layer_views
+from baton.kv.blockviews import view_payload
 from baton.kv.buffers import SEND_BUFFERS, BufferPool
 from baton.kv.layout import gather_layer
 from baton.kv.messages import Ack
@@ -141,10 +141,8 @@ class LayerStreamer:
             return  # the transfer already failed; finish() will say why, compute goes on
         t = self.ticket
         args = (self.src_block_ids, self.src_block_size, t.num_tokens, t.head_start, t.head_end)
-        views = layer_views(k_cache, v_cache, *args) if self.blocks_stable else None
-        if views is not None:
-            payload = ViewPayload(tuple(views), t.layer_payload_shape, k_cache.dtype)
-        else:
+        payload = view_payload(k_cache, v_cache, *args, t.layer_payload_shape) if self.blocks_stable else None
+        if payload is None:
             payload = self._gather(k_cache, v_cache, args)
         self.report.layers[layer] = LayerTiming(compute_end=compute_end, gathered=self.clock())
         self._put((layer, payload))

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 
 from baton.engine import handoff
-from baton.kv.blockviews import ViewPayload, layer_views
+from baton.kv.blockviews import view_payload
 from baton.kv.dtypes import dtype_name
 from baton.kv.layout import gather_layer
 from baton.kv.ticket import Ticket
@@ -95,9 +95,9 @@ class Migrator:
                     # so they go out as they lie (a copy only where views cannot say it)
                     k_cache, v_cache = engine.runner.kv_caches[layer]
                     args = (block_ids, block_size, ticket.num_tokens, ticket.head_start, ticket.head_end)
-                    views = layer_views(k_cache, v_cache, *args)
-                    payload = (gather_layer(k_cache, v_cache, *args) if views is None
-                               else ViewPayload(tuple(views), ticket.layer_payload_shape, k_cache.dtype))
+                    payload = view_payload(k_cache, v_cache, *args, ticket.layer_payload_shape)
+                    if payload is None:
+                        payload = gather_layer(k_cache, v_cache, *args)
                     await transfer.send_layer(layer, payload)
                 await transfer.finish(state["token_ids"][-1], None, timeout_s)
             finally:
