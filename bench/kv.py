@@ -6,23 +6,25 @@ to ACK), wire time (the sender's time on the wire), exposed transfer (ACK minus 
 prefill, i.e. what the handoff adds to TTFT), and a back-to-back handoff of the same
 bytes: this process plays the prefill side with the very code a prefill worker runs
 (LayerStreamer, the transport's sender), fed every layer at once from a KV snapshot, into
-the real decode worker (receiver, checksums, scatter into reserved blocks, ACK); the time
-runs from the first layer's gather to the ACK. That is the handoff path without compute
-pacing it, so effective bandwidth = bytes / that time, compared with raw loopback socket
-copies of the same bytes (bench/raw_loopback.py) measured in the same run: one like for
-like (a process on the prefill side's core copies a source of that size into a process on
-the decode worker's core, into a destination of that size) and the socket path's best case
-(4 MB chunks between cache-resident buffers). A migration between two decode workers is
+the real decode worker (receiver, checksums, writes into reserved blocks, ACK); the time
+runs from the sender's start, with every layer queued, to the ACK. That is the handoff
+path without compute pacing it, so effective bandwidth = bytes / that time, compared with
+raw loopback socket copies of the same bytes (bench/raw_loopback.py) measured in the same
+run: one like for like (a process on the prefill side's core copies a source of that size
+into a long-lived process on the decode worker's core, into a destination of that size;
+two copies right after each back-to-back handoff, so each pair sees the same machine) and
+the socket path's best case (4 MB chunks between cache-resident buffers). A migration between two decode workers is
 timed too (informational: a different sender path).
 
 Targets: effective bandwidth ≥ 0.7 × raw; exposed ≤ 2 × (transfer ÷ layers) + 5 ms.
 
-    .venv/bin/python bench/kv.py [--repeats 3] [--out bench/results/kv.json]
+    .venv/bin/python bench/kv.py [--repeats 3] [--bulk-repeats 7] [--out bench/results/kv.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -31,13 +33,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from raw_loopback import placed_copy_gbps, raw_copy_gbps  # noqa: E402
+from raw_loopback import PlacedCopier, raw_copy_gbps  # noqa: E402
 
 TOKEN = "bench-kv-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -90,19 +93,33 @@ class Worker:
 
 
 class StreamReader:
-    """Reads a request's token stream on a decode worker in the background."""
+    """Reads a request's token stream on a decode worker in the background.
 
-    def __init__(self, worker: Worker, rid: str, on_tokens=None):
-        import threading
+    Construction returns once the stream is open (response headers in): opening it builds
+    an HTTP client and connects, several ms of CPU that would otherwise run during the timed
+    handoff, on the very core the sender is pinned to."""
 
+    def __init__(self, worker: Worker, rid: str, on_tokens=None, open_timeout: float = 30):
         self.tokens: list[int] = []
         self.errors: list = []
         self._on_tokens = on_tokens
+        self._open = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(worker, rid), daemon=True)
         self._thread.start()
+        if not self._open.wait(open_timeout):
+            raise TimeoutError(f"stream of {rid} on {worker.name} did not open within {open_timeout}s")
 
     def _run(self, worker: Worker, rid: str) -> None:
+        try:
+            self._read(worker, rid)
+        except Exception as exc:
+            self.errors.append(f"reading the stream failed: {exc}")
+        finally:
+            self._open.set()  # a stream that failed to open must not hold the caller
+
+    def _read(self, worker: Worker, rid: str) -> None:
         with httpx.stream("GET", f"{worker.url}/internal/stream/{rid}", headers=HEADERS, timeout=600) as resp:
+            self._open.set()
             for line in resp.iter_lines():
                 if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                     continue
@@ -135,8 +152,6 @@ def handoff_once(prefill: Worker, decode: Worker, length: int, rng: random.Rando
 def bulk_once(prefill: Worker, source: Worker, target: Worker, length: int, rng: random.Random, rid: str) -> dict:
     """Hand a prompt to `source`, then migrate the decoding sequence to `target`: every
     layer of its KV is ready, so this transfer runs back to back at the transport's pace."""
-    import threading
-
     ids = [rng.randrange(*VOCAB_RANGE) for _ in range(length)]
     params = {"max_tokens": 400, "ignore_eos": True}
     ticket = source.post("/internal/reserve", {"request_id": rid, "prompt_token_ids": ids,
@@ -207,17 +222,48 @@ def _stream(decode: Worker, ids: list[int], rid: str, ticket, state: dict, Layer
     reader = StreamReader(decode, rid)
     # blocks_stable, as a prefill worker passes it: the snapshot is never written, so layers
     # go out from its blocks without a copy
-    streamer = LayerStreamer(ticket, state["sender"], state["loop"].loop, src_block_ids=source.blocks,
+    background = state["loop"]
+    streamer = LayerStreamer(ticket, state["sender"], background.loop, src_block_ids=source.blocks,
                              src_block_size=SnapshotSource.BLOCK_SIZE, blocks_stable=True)
-    started = time.perf_counter()
-    for layer, (k, v) in enumerate(source.caches):
-        streamer.on_layer_done(layer, k, v)
-    report = streamer.finish(first_token=ids[0], timeout=120)
+    background.run(asyncio.sleep(0))  # the streamer's task has started and waits for layers
+    # Queue every layer while the sender's loop is held, then start the clock and let it go:
+    # handing 30 layers over one by one from this thread, on the sender's one core, costs
+    # GIL and CPU hand-offs (up to a scheduler tick each) that a prefill worker, whose
+    # layers come a compute step apart, does not pay.
+    gate = threading.Event()
+    background.loop.call_soon_threadsafe(gate.wait, 30)
+    try:
+        for layer, (k, v) in enumerate(source.caches):
+            streamer.on_layer_done(layer, k, v)
+        done = streamer.finish_async(first_token=ids[0], timeout=120)
+        started = time.perf_counter()
+    finally:
+        gate.set()
+    report = done.result(250)
     reader.join(60)
     if reader.errors or reader.tokens != [ids[0]]:
         raise RuntimeError(f"decode stream of {rid}: {reader.errors or reader.tokens}")
     return {"bytes": report.total_bytes, "seconds": report.ack_at - started,
             "end_to_ack_seconds": report.ack_at - report.compute_end}
+
+
+def paired_bulk_and_raw(decode: Worker, length: int, rng: random.Random, state: dict, repeats: int):
+    """Back-to-back handoffs alternating with like-for-like raw copies of the same bytes:
+    this machine's copy speed drifts by tens of percent over minutes, and each pair sees
+    the same state of it. Returns (handoff runs, raw copy summary over all its runs)."""
+    bulk = [stream_once(decode, length, rng, f"bulk-{length}-0", state)]
+    nbytes = bulk[0]["bytes"]
+    raw_runs = []
+    # the workers' placement: prefill side on core 0, decode worker on core 1; one
+    # long-lived receiver, warmed by a first copy, as the decode worker is
+    with PlacedCopier(nbytes, sender_core=0, receiver_core=1) as copier:
+        copier.copy_seconds(nbytes)
+        for i in range(repeats):
+            if i:
+                bulk.append(stream_once(decode, length, rng, f"bulk-{length}-{i}", state))
+            raw_runs += [copier.copy_seconds(nbytes) for _ in range(2)]
+    seconds = statistics.median(raw_runs)
+    return bulk, {"gbps": nbytes / seconds / 1e9, "runs": raw_runs}
 
 
 def summarize(length: int, runs: list[dict], bulk: list[dict], migration: list[dict], raw: dict,
@@ -244,6 +290,9 @@ def summarize(length: int, runs: list[dict], bulk: list[dict], migration: list[d
         "wire_gbps": nbytes / med("wire_seconds") / 1e9,
         "raw_loopback_gbps": raw["gbps"],  # like for like: memory to memory, the workers' cores
         "effective_vs_raw": effective / raw["gbps"],
+        "effective_vs_raw_paired": [  # each handoff against the two raw copies right after it
+            (b["seconds"] and statistics.median(raw["runs"][2 * i : 2 * i + 2]) / b["seconds"])
+            for i, b in enumerate(bulk)],
         "raw_cached_gbps": cached["gbps"],  # best case: cache-resident buffers, any core
         "effective_vs_raw_cached": effective / cached["gbps"],
         "exposed_limit_seconds": exposed_limit,
@@ -252,7 +301,7 @@ def summarize(length: int, runs: list[dict], bulk: list[dict], migration: list[d
         "runs": runs,
         "bulk_runs": bulk,
         "migration_runs": migration,
-        "raw_runs": raw["runs"],
+        "raw_runs": raw["runs"],  # seconds, two after each bulk run
         "raw_cached_runs": cached["runs"],
     }
 
@@ -260,6 +309,8 @@ def summarize(length: int, runs: list[dict], bulk: list[dict], migration: list[d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bulk-repeats", type=int, default=7,
+                        help="back-to-back handoffs (each paired with raw copies) per length")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--transport", default="tcp", choices=["tcp", "shm"])
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths, comma-separated")
@@ -286,11 +337,9 @@ def main() -> int:
         results = []
         for length in [int(x) for x in args.lengths.split(",")]:
             runs = [handoff_once(prefill, decode, length, rng, f"pd-{length}-{i}") for i in range(args.repeats)]
-            bulk = [stream_once(decode, length, rng, f"bulk-{length}-{i}", stream_state) for i in range(args.repeats)]
+            bulk, raw = paired_bulk_and_raw(decode, length, rng, stream_state, args.bulk_repeats)
             migration = [bulk_once(prefill, decode, spare, length, rng, f"migrate-{length}-{i}")
                          for i in range(args.repeats)]
-            # the workers' placement: prefill side on core 0, decode worker on core 1
-            raw = placed_copy_gbps(bulk[0]["bytes"], repeats=max(args.repeats, 5), sender_core=0, receiver_core=1)
             cached = raw_copy_gbps(bulk[0]["bytes"], repeats=args.repeats)
             row = summarize(length, runs, bulk, migration, raw, cached, runs[0]["layers"])
             results.append(row)
@@ -306,7 +355,7 @@ def main() -> int:
             "decode_worker": {k: decode_state[k] for k in ("num_blocks", "block_size", "kv_endpoint")},
             "notes": "medians over repeats; effective bandwidth from the back-to-back handoff (this "
                      "process runs the prefill side's LayerStreamer and sender into the real decode "
-                     "worker; first gather to ACK); migration_* is informational; transfer_seconds "
+                     "worker; sender start, every layer queued, to ACK; each run paired with two raw copies); migration_* is informational; transfer_seconds "
                      "spans the layer-wise stream and is paced by compute",
             "results": results,
         }
