@@ -21,6 +21,7 @@ from baton.kv.wire import (
     FrameHeader,
     FrameKind,
     HeaderCorrupt,
+    LayerHeaders,
     SizeMismatch,
     UnknownKind,
     UnsupportedVersion,
@@ -59,6 +60,30 @@ def test_layer_frame_round_trip(dtype):
     received = bytearray(buffers[1])
     verify_payload(decoded, received)
     assert torch.equal(payload_tensor(decoded, received), payload)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_transfers_layer_headers_encode_as_each_layer_alone_would(dtype):
+    payload = torch.randn(2, 40, 2, 8).to(dtype)
+    headers = LayerHeaders("req-7", [4, 9, 1], payload.shape, dtype, head_start=2)
+    for layer in (0, 3, 29):
+        alone = layer_header("req-7", layer, [4, 9, 1], payload, head_start=2)
+        assert headers.header(layer, alone.payload_crc) == alone
+        raw = headers.encode(layer, alone.payload_crc)
+        assert raw == encode_header(alone)
+        assert decode_header(raw) == alone
+
+
+def test_layer_headers_refuse_what_a_header_may_not_say():
+    with pytest.raises(WireError, match="request_id"):
+        LayerHeaders("r" * 300, [1], (2, 16, 2, 8), torch.float32)
+    with pytest.raises(SizeMismatch, match="shape"):
+        LayerHeaders("req", [1], (3, 16, 2, 8), torch.float32)
+    headers = LayerHeaders("req", [1], (2, 16, 2, 8), torch.float32)
+    with pytest.raises(WireError, match="layer"):
+        headers.encode(-1, 0)
+    with pytest.raises(WireError, match="wire width"):
+        headers.encode(0, 1 << 32)
 
 
 def test_by_reference_payload_has_no_inline_bytes():

@@ -64,7 +64,10 @@ class FrameConn:
     # -- sending -------------------------------------------------------------------------
     async def send(self, header: FrameHeader, payload=b"", timeout: float = 30.0) -> None:
         """Write one frame atomically with respect to other senders on this connection."""
-        buffers = encode_frame(header, payload)
+        await self.send_buffers(encode_frame(header, payload), timeout)
+
+    async def send_buffers(self, buffers: list, timeout: float = 30.0) -> None:
+        """Write one already encoded frame (header bytes, payload views), like send()."""
         async with self._send_lock:
             try:
                 async with asyncio.timeout(timeout):

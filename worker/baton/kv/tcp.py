@@ -12,7 +12,7 @@ from baton.kv.endpoint import Endpoint, parse_endpoint
 from baton.kv.receiver import FrameReceiver
 from baton.kv.sender import FrameSender, FrameTransfer
 from baton.kv.transport import Transport
-from baton.kv.wire import FrameHeader
+from baton.kv.wire import FrameHeader, WireError
 
 _SOCKET_BUFFER = 4 << 20  # larger kernel buffers: fewer wakeups per multi-MB layer
 
@@ -74,7 +74,10 @@ class TcpSender(FrameSender):
     async def _send_layer_frame(
         self, transfer: FrameTransfer, header: FrameHeader, payload: torch.Tensor
     ) -> None:
-        await self._conn_send(header, self._wire_bytes(header, payload))
+        views = self._wire_bytes(header, payload)
+        if sum(v.nbytes for v in views) != header.payload_nbytes:
+            raise WireError(f"payload: header says {header.payload_nbytes} bytes, the views hold another size")
+        await self._conn_send_buffers([transfer.encoded_header(header), *views])
 
 
 class TcpTransport(Transport):
