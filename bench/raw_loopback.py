@@ -126,11 +126,11 @@ class PlacedCopier:
         if max_nbytes <= 0:
             raise ValueError(f"max_nbytes: must be positive, got {max_nbytes}")
         self.max_nbytes, self.sender_core, self.timeout_s = max_nbytes, sender_core, timeout_s
+        self._source = np.random.default_rng(0).integers(0, 256, max_nbytes, dtype=np.uint8)
         ctx = multiprocessing.get_context("spawn")  # the caller may hold threads: no fork
         ours, theirs = ctx.Pipe()
         self._receiver = ctx.Process(target=_placed_receiver, args=(max_nbytes, receiver_core, theirs), daemon=True)
         self._receiver.start()
-        self._source = np.random.default_rng(0).integers(0, 256, max_nbytes, dtype=np.uint8)
         try:
             if not ours.poll(timeout_s):
                 raise TimeoutError("the raw copy's receiver did not start")

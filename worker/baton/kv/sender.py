@@ -102,7 +102,7 @@ class FrameTransfer(KVTransfer):
     async def _ship(self, layer: int, payload) -> FrameHeader:
         if tuple(payload.shape) == self._headers.template.shape:
             header = self._headers.header(layer, checksum_views(payload_views(payload)))
-        else:  # send_layer refuses such a payload; a test posing as a bad peer sends one as it is
+        else:  # send_layer refuses such a payload; a caller that skips it (a bad peer) gets here
             header = layer_header(self.ticket.request_id, layer, self._headers.template.block_ids,
                                   payload, head_start=self.ticket.head_start)
         await self.sender._send_layer_frame(self, header, payload)

@@ -75,8 +75,9 @@ class TcpSender(FrameSender):
         self, transfer: FrameTransfer, header: FrameHeader, payload: torch.Tensor
     ) -> None:
         views = self._wire_bytes(header, payload)
-        if sum(v.nbytes for v in views) != header.payload_nbytes:
-            raise WireError(f"payload: header says {header.payload_nbytes} bytes, the views hold another size")
+        nbytes = sum(v.nbytes for v in views)
+        if nbytes != header.payload_nbytes:
+            raise WireError(f"payload: header says {header.payload_nbytes} bytes, got {nbytes}")
         await self._conn_send_buffers([transfer.encoded_header(header), *views])
 
 
