@@ -118,7 +118,7 @@ def test_many_views_cross_a_real_socket_in_order():
             offset += size
         try:
             _, crc = await asyncio.gather(
-                sender._sendmsg_all(pieces), receiver.recv_into_views(cuts, checksum=True)
+                sender.send_buffers(pieces), receiver.recv_into_views(cuts, checksum=True)
             )
         finally:
             sender.close()

@@ -85,7 +85,7 @@ def test_garbage_gets_a_protocol_error():
     async def main():
         async with receiver_for("tcp", sink) as receiver:
             conn = await raw_tcp(receiver.endpoint)
-            await conn._sendmsg_all([b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"])
+            await conn.send_buffers([b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"])
             info = await read_error(conn)
             conn.close()
             return info

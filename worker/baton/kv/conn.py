@@ -70,27 +70,35 @@ class FrameConn:
         """Write one already encoded frame (header bytes, payload views), like send()."""
         async with self._send_lock:
             try:
-                async with asyncio.timeout(timeout):
-                    await self._sendmsg_all(buffers)
+                views = [memoryview(b).cast("B") for b in buffers if len(b)]
+                first = self._sendmsg_now(views, 0)  # usually the whole frame: no timer needed
+                if first < len(views):
+                    async with asyncio.timeout(timeout):
+                        await self._sendmsg_all(views, first)
             except BaseException:
                 # A half-written frame leaves the stream unusable.
                 self.close()
                 raise
 
-    async def _sendmsg_all(self, buffers) -> None:
-        views = [memoryview(b).cast("B") for b in buffers if len(b)]
-        first = 0  # views[:first] are on their way
+    def _sendmsg_now(self, views: list[memoryview], first: int) -> int:
+        """Send what the socket takes without waiting; returns the first view with bytes left
+        (views[:first] are on their way)."""
         while first < len(views):
             if self.closed:
                 raise ConnectionClosed("connection closed while sending")
             try:
                 sent = self.sock.sendmsg(views[first : first + IOV_MAX])
             except (BlockingIOError, InterruptedError):
-                await self._wait_writable()
-                continue
+                return first
             except OSError as exc:
                 raise ConnectionClosed(f"send failed: {exc}") from exc
             first = _advance(views, first, sent)
+        return first
+
+    async def _sendmsg_all(self, views: list[memoryview], first: int) -> None:
+        while first < len(views):
+            await self._wait_writable()
+            first = self._sendmsg_now(views, first)
 
     async def _wait_ready(self, add, remove) -> None:
         """Wait until the socket is readable/writable; close() wakes every waiter."""

@@ -238,6 +238,9 @@ class FrameSender(KVSender):
 
     # -- connection ----------------------------------------------------------------------
     async def _connection(self) -> FrameConn:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
         async with self._connecting:
             if self._conn is None or self._conn.closed:
                 self._conn = await self._connect()
