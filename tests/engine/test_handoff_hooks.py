@@ -8,6 +8,7 @@ and every block comes back.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from baton.engine import SamplingParams, handoff
 from baton.engine.block_manager import NoFreeBlocks
@@ -99,3 +100,16 @@ def test_reservation_refused_when_full_and_cancel_frees(decode_engine):
     assert decode_engine.blocks.num_free_blocks < free
     assert handoff.cancel_remote(decode_engine, "expires")
     assert decode_engine.blocks.num_free_blocks == free
+
+
+def test_cache_byte_views_alias_the_pool_and_follow_a_reshard():
+    engine = make_engine(block_size=16, num_kv_blocks=8)
+    k_bytes, v_bytes = engine.runner.kv_cache_bytes(2)
+    assert engine.runner.kv_cache_bytes(2)[0] is k_bytes  # made once
+    k_cache, v_cache = engine.runner.kv_caches[2]
+    assert k_bytes.nbytes == k_cache.numel() * k_cache.element_size() == v_bytes.nbytes
+    v_bytes[:4] = bytes(torch.tensor([1.5]).view(torch.uint8).tolist())
+    assert v_cache.flatten()[0].item() == 1.5 and k_cache.abs().sum() == 0  # writes land in V only
+    engine.reconfigure(num_kv_blocks=12)
+    resharded = engine.runner.kv_cache_bytes(2)[0]
+    assert resharded is not k_bytes and resharded.nbytes == k_bytes.nbytes * 12 // 8

@@ -62,7 +62,7 @@ class EngineThread:
     `release` records when the blocks were freed and what they held then."""
 
     def __init__(self, caches, rid):
-        self.runner = SimpleNamespace(kv_caches=caches)
+        self.runner = SimpleNamespace(kv_caches=caches, kv_cache_bytes=lambda layer: None)
         self.sequences = {rid: SimpleNamespace(status=SequenceStatus.REMOTE)}
         self.freed: dict[str, list[torch.Tensor]] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")

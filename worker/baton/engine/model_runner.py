@@ -50,11 +50,25 @@ class ModelRunner:
         cfg = self.model_config
         shape = (cfg.num_layers, 2, num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
         self._kv_storage = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._kv_bytes: dict[int, tuple[memoryview, memoryview]] = {}
         return [(self._kv_storage[i, 0], self._kv_storage[i, 1]) for i in range(cfg.num_layers)]
+
+    def kv_cache_bytes(self, layer: int) -> tuple[memoryview, memoryview] | None:
+        """Flat writable byte views of a layer's K and V caches, made once per pool (making
+        them takes torch and numpy calls that a transport would repeat for every layer it
+        moves); None when the pool is not in host memory."""
+        views = self._kv_bytes.get(layer)
+        if views is None:
+            if self.device.type != "cpu":
+                return None
+            views = self._kv_bytes[layer] = tuple(
+                memoryview(cache.view(torch.uint8).numpy()).cast("B") for cache in self.kv_caches[layer])
+        return views
 
     def resize_kv_cache(self, num_blocks: int) -> None:
         """Reshard: a new pool size without reloading weights (all sequences must be gone)."""
         self._kv_storage = None
+        self._kv_bytes = {}
         self.kv_caches = []
         self.num_blocks = num_blocks
         self.kv_caches = self._allocate_kv_cache(num_blocks)

@@ -27,8 +27,10 @@ def block_runs(block_ids, block_size: int, num_tokens: int) -> tuple[tuple[int, 
     """(first row, rows) of each run of consecutive blocks holding tokens [0, num_tokens),
     in token order, in a cache flattened to [num_blocks * block_size] rows."""
     used = -(-num_tokens // block_size) if num_tokens > 0 and block_size > 0 else 0
-    # every layer of a request asks again: remember the answer
-    return _block_runs(tuple(int(b) for b in block_ids[:used]), block_size, num_tokens)
+    # every layer of a request asks again: remember the answer (a ticket's ids are a tuple
+    # of ints already, so they key the cache as they are)
+    ids = block_ids[:used] if type(block_ids) is tuple else tuple(int(b) for b in block_ids[:used])
+    return _block_runs(ids, block_size, num_tokens)
 
 
 @lru_cache(maxsize=256)
@@ -77,14 +79,16 @@ def run_views(k_bytes: memoryview, v_bytes: memoryview, runs, row_nbytes: int) -
 
 
 def layer_views(k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids, block_size: int,
-                num_tokens: int, head_start: int, head_end: int) -> list[memoryview] | None:
+                num_tokens: int, head_start: int, head_end: int,
+                cache_byte_views: tuple[memoryview, memoryview] | None = None) -> list[memoryview] | None:
     """The layer's payload for tokens [0, num_tokens) as views of the caches, or None when
-    the copy path must be used (see the module docstring)."""
+    the copy path must be used (see the module docstring). `cache_byte_views`: the caches'
+    cache_bytes() made earlier, if the caller keeps them."""
     if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
         return None
     if not supports_views(k_cache, block_size, head_start, head_end) or not v_cache.is_contiguous():
         return None
-    k_bytes, v_bytes = cache_bytes(k_cache), cache_bytes(v_cache)
+    k_bytes, v_bytes = cache_byte_views or (cache_bytes(k_cache), cache_bytes(v_cache))
     if k_bytes is None or v_bytes is None:
         return None
     runs = block_runs(block_ids, block_size, num_tokens)
@@ -95,11 +99,12 @@ def layer_views(k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids, block_s
 
 
 def view_payload(k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids, block_size: int,
-                 num_tokens: int, head_start: int, head_end: int,
-                 shape: tuple[int, ...]) -> ViewPayload | None:
+                 num_tokens: int, head_start: int, head_end: int, shape: tuple[int, ...],
+                 cache_byte_views: tuple[memoryview, memoryview] | None = None) -> ViewPayload | None:
     """The layer's payload of wire shape `shape` as a ViewPayload of the caches' blocks, or
     None when the copy path must be used (the blocks must stay unchanged while it is sent)."""
-    views = layer_views(k_cache, v_cache, block_ids, block_size, num_tokens, head_start, head_end)
+    views = layer_views(k_cache, v_cache, block_ids, block_size, num_tokens, head_start, head_end,
+                        cache_byte_views)
     return None if views is None else ViewPayload(tuple(views), shape, k_cache.dtype)
 
 

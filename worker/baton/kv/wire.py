@@ -336,12 +336,13 @@ def decode_header(data: bytes) -> FrameHeader:
         payload_crc=pcrc,
         ref=ref,
     )
-    _check_consistent(header)
+    _check_consistent(header, decoded=True)
     return header
 
 
-def _check_consistent(h: FrameHeader) -> None:
-    """Cross-field rules, shared by encoder and decoder so neither side accepts nonsense."""
+def _check_consistent(h: FrameHeader, decoded: bool = False) -> None:
+    """Cross-field rules, shared by encoder and decoder so neither side accepts nonsense.
+    `decoded`: the header was read off the wire, where block ids are u32 by construction."""
     if len(h.request_id.encode()) > MAX_REQUEST_ID_BYTES:
         raise WireError(f"request_id: longer than {MAX_REQUEST_ID_BYTES} bytes")
     if h.kind == FrameKind.LAYER:
@@ -373,7 +374,9 @@ def _check_consistent(h: FrameHeader) -> None:
             raise SizeMismatch(
                 f"payload_nbytes: {h.payload_nbytes} is too large for a {h.kind.name} frame"
             )
-    if len(h.block_ids) > MAX_BLOCK_IDS or any(not 0 <= b < 2**32 for b in h.block_ids):
+    if len(h.block_ids) > MAX_BLOCK_IDS or (
+        not decoded and any(not 0 <= b < 2**32 for b in h.block_ids)
+    ):
         raise WireError("block_ids: must be at most 2^20 ids in [0, 2^32)")
 
 

@@ -194,8 +194,10 @@ class KVIntake(KVSink):
         if res is None:
             raise RuntimeError(f"no reservation for {ticket.request_id!r}")
         t = res.ticket  # our own ticket: its block ids are the reserved ones
-        k_cache, v_cache = self.ae.engine.runner.kv_caches[layer]
-        views = layer_views(k_cache, v_cache, t.block_ids, t.block_size, t.num_tokens, t.head_start, t.head_end)
+        runner = self.ae.engine.runner
+        k_cache, v_cache = runner.kv_caches[layer]
+        views = layer_views(k_cache, v_cache, t.block_ids, t.block_size, t.num_tokens, t.head_start, t.head_end,
+                            runner.kv_cache_bytes(layer))
         if views is None:
             return None  # e.g. a GPU cache: write_layer copies
         res.start_write()

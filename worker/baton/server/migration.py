@@ -95,7 +95,8 @@ class Migrator:
                     # so they go out as they lie (a copy only where views cannot say it)
                     k_cache, v_cache = engine.runner.kv_caches[layer]
                     args = (block_ids, block_size, ticket.num_tokens, ticket.head_start, ticket.head_end)
-                    payload = view_payload(k_cache, v_cache, *args, ticket.layer_payload_shape)
+                    payload = view_payload(k_cache, v_cache, *args, ticket.layer_payload_shape,
+                                           engine.runner.kv_cache_bytes(layer))
                     if payload is None:
                         payload = gather_layer(k_cache, v_cache, *args)
                     await transfer.send_layer(layer, payload)
