@@ -8,6 +8,7 @@ import torch
 from baton.engine.config import EngineConfig, ModelConfig
 from baton.engine.kernels import get_ops
 from baton.engine.models.llama import AttentionMetadata, LlamaModel
+from baton.engine.native.decoder import NativeDecoder
 from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
 from baton.engine.weights import load_weights
@@ -34,6 +35,7 @@ class ModelRunner:
         self.model.prepare()
         self.num_blocks = self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
+        self.native = NativeDecoder.build(self.model, self.kv_caches, device, dtype)
 
     # -- KV cache --------------------------------------------------------------------
     def block_bytes(self) -> int:
@@ -72,10 +74,14 @@ class ModelRunner:
         self.kv_caches = []
         self.num_blocks = num_blocks
         self.kv_caches = self._allocate_kv_cache(num_blocks)
+        if self.native is not None:  # its cache pointers are the old pool's
+            self.native = NativeDecoder.build(self.model, self.kv_caches, self.device, self.dtype)
 
     # -- one step ----------------------------------------------------------------------
     def run(self, batch: ScheduledBatch, layer_hook=None) -> tuple[list[Sequence], torch.Tensor]:
         """Run every scheduled token; return the sequences that sample now and their logits."""
+        if self.native is not None and not batch.prefills and layer_hook is None:
+            return self._run_native_decode(batch.decodes)
         bs = self.block_size
         ids, positions, slots, logits_rows, sampling = [], [], [], [], []
         cu, ctx_lens, prefill_tables = [0], [], []
@@ -125,3 +131,14 @@ class ModelRunner:
             layer_hook,
         )
         return sampling, logits
+
+    def _run_native_decode(self, decodes: list[Sequence]) -> tuple[list[Sequence], torch.Tensor]:
+        """A decode-only step in one native call (see baton.engine.native)."""
+        rows = len(decodes)
+        ids, positions = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
+        for row, seq in enumerate(decodes):
+            p = positions[row] = seq.num_tokens - 1
+            ids[row] = seq.token_ids[p]
+        tables = _pad_tables([seq.block_table for seq in decodes], self.device).numpy()
+        logits = self.native.step(ids, positions, tables)
+        return list(decodes), logits

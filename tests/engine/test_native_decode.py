@@ -1,0 +1,141 @@
+"""The native CPU decode step against the torch path it replaces (fp32 and bf16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from baton.engine import SamplingParams
+from baton.engine.native import build
+from baton.engine.native.decoder import NativeDecoder
+
+from .conftest import PROMPTS, make_engine
+
+
+def test_library_builds_from_source_into_an_empty_cache(tmp_path):
+    path = build.build_library(tmp_path)
+    assert path.parent == tmp_path and path.exists()
+    lib = build.open_library(path)
+    for name in build.ENTRY_POINTS.values():
+        assert getattr(lib, name) is not None
+    assert build.build_library(tmp_path) == path  # cached: the same file, not rebuilt
+
+
+def test_library_name_follows_everything_it_is_built_from():
+    base = build.library_name(b"src", ["-O3"], "2.13.0", "cpu a")
+    assert base == build.library_name(b"src", ["-O3"], "2.13.0", "cpu a")
+    others = {build.library_name(b"src2", ["-O3"], "2.13.0", "cpu a"),
+              build.library_name(b"src", ["-O2"], "2.13.0", "cpu a"),
+              build.library_name(b"src", ["-O3"], "2.14.0", "cpu a"),
+              build.library_name(b"src", ["-O3"], "2.13.0", "cpu b")}
+    assert base not in others and len(others) == 4
+
+
+def test_cpu_engines_take_the_native_path(engine_fp32):
+    # the HF equivalence tests exercise it only if it is really on
+    assert build.failure() is None
+    assert engine_fp32.runner.native is not None
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("BATON_NATIVE_DECODE", "0")
+    engine = make_engine(num_kv_blocks=64)
+    assert engine.runner.native is None
+    out = engine.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+
+
+def _compare_each_decode_step(engine, prompts, max_tokens):
+    """Run both paths on every decode-only step (native first, then torch, which keeps the
+    generation on the torch path); return [(native logits, torch logits, native K/V rows,
+    torch K/V rows)]."""
+    runner, native = engine.runner, engine.runner.native
+    torch_run, records = runner.run, []
+
+    def new_token_kv(batch):
+        rows = []
+        for seq in batch.decodes:
+            p = seq.num_tokens - 1
+            slot = seq.block_table[p // runner.block_size] * runner.block_size + p % runner.block_size
+            rows.append(torch.stack([torch.stack((k.flatten(0, 1)[slot], v.flatten(0, 1)[slot]))
+                                     for k, v in runner.kv_caches]))
+        return torch.stack(rows).float()
+
+    def both(batch, layer_hook=None):
+        if batch.prefills or layer_hook is not None:
+            return torch_run(batch, layer_hook)
+        _, native_logits = runner._run_native_decode(batch.decodes)
+        native_kv = new_token_kv(batch)
+        runner.native = None
+        try:
+            sampling, torch_logits = torch_run(batch, layer_hook)
+        finally:
+            runner.native = native
+        records.append((native_logits, torch_logits.float(), native_kv, new_token_kv(batch)))
+        return sampling, torch_logits
+
+    runner.run = both
+    try:
+        engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    finally:
+        del runner.run
+    return records
+
+
+def test_fp32_step_matches_the_torch_path(engine_fp32):
+    # mixed lengths: several context lengths per step, interleaved (non-consecutive) blocks
+    records = _compare_each_decode_step(engine_fp32, PROMPTS[:5], 24)
+    assert len(records) >= 20
+    for native_logits, torch_logits, native_kv, torch_kv in records:
+        assert native_logits.shape == torch_logits.shape
+        assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
+        torch.testing.assert_close(native_logits, torch_logits, atol=2e-4, rtol=1e-5)
+        torch.testing.assert_close(native_kv, torch_kv, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_step_is_as_close_to_the_torch_path_as_bf16_allows():
+    engine = make_engine(dtype="bfloat16")
+    assert engine.runner.native is not None
+    records = _compare_each_decode_step(engine, PROMPTS[:4], 24)
+    agree = total = 0
+    for native_logits, torch_logits, native_kv, torch_kv in records:
+        agree += int((native_logits.argmax(-1) == torch_logits.argmax(-1)).sum())
+        total += native_logits.shape[0]
+        kl = F.kl_div(F.log_softmax(native_logits, -1), F.log_softmax(torch_logits, -1),
+                      log_target=True, reduction="batchmean")
+        assert kl < 0.02, kl
+        # layer 0's K/V depend only on the token and its position: the same rounding steps
+        torch.testing.assert_close(native_kv[:, 0], torch_kv[:, 0], atol=0, rtol=0)
+    assert agree / total >= 0.9
+
+
+def test_reshard_rebinds_the_new_pool():
+    engine = make_engine(num_kv_blocks=64)
+    before = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=16, ignore_eos=True))
+    old = engine.runner.native
+    engine.reconfigure(num_kv_blocks=80)
+    assert engine.runner.native is not None and engine.runner.native is not old
+    after = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=16, ignore_eos=True))
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda ids, pos, tables: (ids + 10**6, pos, tables), "outside the vocabulary"),
+        (lambda ids, pos, tables: (ids, pos + 10**7, tables), "outside the RoPE table"),
+        (lambda ids, pos, tables: (ids, pos, tables[:, :1]), "shorter than its context"),
+        (lambda ids, pos, tables: (ids, pos, tables + 10**6), "outside the pool"),
+        (lambda ids, pos, tables: (ids[:1], pos, tables), "row count"),
+    ],
+)
+def test_out_of_range_inputs_are_refused_before_the_native_call(change, message):
+    native: NativeDecoder = make_engine(num_kv_blocks=16).runner.native  # a pool of its own
+    ids = np.array([1, 2], dtype=np.int64)
+    positions = np.array([40, 70], dtype=np.int64)
+    tables = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], dtype=np.int32)
+    native.step(ids, positions, tables)  # in range: runs
+    with pytest.raises(ValueError, match=message):
+        native.step(*change(ids, positions, tables))

@@ -1,0 +1,107 @@
+"""Compile and load the native CPU decode step (decode_step.c) once per machine.
+
+The library is built with the system C compiler into a cache folder keyed by the source,
+the flags, the torch build and the CPU, and links to torch's own libtorch_cpu for its BLAS
+(so its products are the ones torch computes). Anything missing (no compiler, a torch
+without MKL's sgemm_) makes `load()` return None with the reason, and the engine keeps its
+torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("decode_step.c")
+HEADERS = (Path(__file__).with_name("decode_step_body.h"),)
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+BUILD_TIMEOUT_S = 120
+ENTRY_POINTS = {torch.float32: "baton_decode_step_f32", torch.bfloat16: "baton_decode_step_bf16"}
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "baton" / "native"
+
+
+def library_name(source: bytes, flags: list[str], torch_version: str, cpu: str) -> str:
+    """A file name that changes whenever what the library is built from or for changes
+    (-march=native code must not run on another CPU sharing the home folder)."""
+    key = b"\0".join((source, " ".join(flags).encode(), torch_version.encode(), cpu.encode()))
+    return f"decode_step-{hashlib.sha256(key).hexdigest()[:16]}.so"
+
+
+def cpu_identity() -> str:
+    """The CPU's model and feature flags, as far as this system tells them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.machine() + platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+
+
+def _torch_lib(name: str) -> Path:
+    return Path(torch.__file__).parent / "lib" / name
+
+
+def _compile(target: Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # build beside the target, then rename: a concurrent builder never sees half a file
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        torch_lib = _torch_lib("")
+        cmd = [compiler, *FLAGS, str(SOURCE), "-o", str(partial),
+               f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")
+        os.replace(partial, target)
+
+
+def build_library(folder: Path) -> Path:
+    """The library for this source, flags, torch and CPU in `folder`, compiled if missing."""
+    source = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
+    target = folder / library_name(source, FLAGS, torch.__version__, cpu_identity())
+    if not target.exists():
+        _compile(target)
+    return target
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    # its libtorch_cpu dependency is the one this process loaded with torch (same soname)
+    lib = ctypes.CDLL(str(path))
+    for name in ENTRY_POINTS.values():
+        getattr(lib, name).restype = None
+    return lib
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    try:
+        return open_library(build_library(cache_dir())), None
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return None, str(exc)
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled library, or None when it cannot be built or loaded (see `failure()`)."""
+    return _load()[0]
+
+
+def failure() -> str | None:
+    """Why `load()` returned None, if it did."""
+    return _load()[1]

@@ -1,0 +1,110 @@
+/* One decode step of a Llama-family model on CPU, in one call, in fp32 or bf16.
+ *
+ * Why native: at batch 1 the step is ~450 small tensor ops between ~120 weight-streaming
+ * matrix products, and each product evicts the op dispatcher from the core's caches, so a
+ * one-microsecond `x + x` costs 15-90 us right after one. Here the work between products is
+ * a few plain loops over vectors of a few KB, and the products are BLAS calls into the MKL
+ * inside torch: in fp32 the very sgemm_ call torch makes for F.linear (bit-identical
+ * results), in bf16 MKL's bf16 x bf16 -> fp32 product (bit-identical to the oneDNN linear of
+ * the torch path, and faster than it from here). Values are rounded to the model dtype at
+ * the points where the torch path (kernels/ref.py) rounds; the tests compare the two.
+ *
+ * Row-major tensors throughout. K/V caches: [num_blocks, block_size, n_kv_heads, head_dim].
+ * Activations live in fp32 buffers; in bf16 they only ever hold bf16 values.
+ * Built with -ffp-contract=off: every product and sum rounds on its own, as torch's do.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* BLAS inside libtorch_cpu */
+void sgemm_(const char *transa, const char *transb, const int *m, const int *n, const int *k,
+            const float *alpha, const float *a, const int *lda, const float *b, const int *ldb,
+            const float *beta, float *c, const int *ldc);
+void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k, float alpha,
+                            const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta,
+                            float *c, int ldc);
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
+
+typedef struct { /* tensors in the model dtype, except caches' and norms' dtype = model's too */
+    const void *input_norm, *qkv, *qkv_bias, *o_proj, *post_norm, *gate_up, *down;
+    void *k_cache, *v_cache;
+} Layer;
+
+typedef struct {
+    int hidden, num_heads, num_kv_heads, head_dim, intermediate, vocab, num_layers;
+    int block_size, max_positions;
+    float eps, scale;
+    const void *embed, *final_norm, *lm_head;
+    const float *cos_sin; /* fp32 [max_positions, head_dim]: cos, then sin */
+    const Layer *layers;
+} Model;
+
+typedef struct { /* scratch, each [rows, width] */
+    float *residual, *normed, *qkv, *attn, *gate_up, *act, *out;
+    uint16_t *matmul_input; /* bf16 only: a product's input rows */
+} Workspace;
+
+static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t position) {
+    return (int64_t)table[position / block_size] * block_size + position % block_size;
+}
+
+/* fp32 <-> bf16, round to nearest even (as torch's .to(torch.bfloat16)) */
+static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static inline uint16_t f32_to_bf16(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+/* out[rows, n] = x[rows, k] @ w[n, k]^T (+ bias): torch's addmm call for F.linear. */
+static void linear_f32(const float *x, int rows, int k, const void *weight, int n,
+                       const void *bias, float *out, uint16_t *unused) {
+    (void)unused;
+    const float one = 1.0f;
+    float beta = 0.0f;
+    if (bias) {
+        for (int r = 0; r < rows; r++) memcpy(out + (int64_t)r * n, bias, sizeof(float) * n);
+        beta = 1.0f;
+    }
+    sgemm_("T", "N", &n, &rows, &k, &one, (const float *)weight, &k, x, &k, &beta, out, &n);
+}
+
+/* The same in bf16: fp32 accumulation, the bias added before the one rounding. */
+static void linear_bf16(const float *x, int rows, int k, const void *weight, int n,
+                        const void *bias, float *out, uint16_t *input) {
+    const int64_t in_count = (int64_t)rows * k, out_count = (int64_t)rows * n;
+    for (int64_t i = 0; i < in_count; i++) input[i] = f32_to_bf16(x[i]);
+    float beta = 0.0f;
+    if (bias) {
+        const uint16_t *b = (const uint16_t *)bias;
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < n; j++) out[(int64_t)r * n + j] = bf16_to_f32(b[j]);
+        beta = 1.0f;
+    }
+    cblas_gemm_bf16bf16f32(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, n, k, 1.0f, input,
+                           k, (const uint16_t *)weight, k, beta, out, n);
+    for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);
+}
+
+#define ELEM float
+#define LOAD(x) (x)
+#define STORE(x) (x)
+#define ROUND(x) (x)
+#define FN(name) name##_f32
+#include "decode_step_body.h"
+#undef ELEM
+#undef LOAD
+#undef STORE
+#undef ROUND
+#undef FN
+
+#define ELEM uint16_t
+#define LOAD(x) bf16_to_f32(x)
+#define STORE(x) f32_to_bf16(x)
+#define ROUND(x) bf16_round(x)
+#define FN(name) name##_bf16
+#include "decode_step_body.h"

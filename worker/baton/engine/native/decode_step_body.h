@@ -1,0 +1,147 @@
+/* The decode step for one element type; decode_step.c includes this once per dtype with
+ * ELEM (storage type), LOAD/STORE (to and from fp32), ROUND (to the dtype's precision, kept
+ * in fp32) and FN (name suffix) defined. */
+
+/* HF Llama RMSNorm: x * (1 / sqrt(mean(x^2) + eps)) in fp32, rounded, then * weight. */
+static void FN(rms_norm_row)(const float *x, const ELEM *weight, int n, float eps, float *out) {
+    double sum = 0.0; /* exact-ish mean; torch's cascade sum is within an ulp of it */
+    for (int i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    const float inv = 1.0f / sqrtf((float)(sum / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = ROUND(ROUND(x[i] * inv) * LOAD(weight[i]));
+}
+
+/* Rotate-half RoPE on `heads` heads of one token in place; cos and sin in the dtype. */
+static void FN(rope_heads)(float *x, int heads, int head_dim, const float *cos_sin,
+                           int64_t position) {
+    const int half = head_dim / 2;
+    const float *cos = cos_sin + position * head_dim, *sin = cos + half;
+    for (int h = 0; h < heads; h++, x += head_dim) {
+        for (int i = 0; i < half; i++) {
+            const float a = x[i], b = x[i + half], c = ROUND(cos[i]), s = ROUND(sin[i]);
+            x[i] = ROUND(ROUND(a * c) - ROUND(b * s));
+            x[i + half] = ROUND(ROUND(b * c) + ROUND(a * s));
+        }
+    }
+}
+
+/* One query head over its sequence's paged context: softmax(q k^T * scale) v in fp32,
+ * online (running max and sum), so no buffer grows with the context. */
+static void FN(attend_head)(const float *q, const ELEM *k_cache, const ELEM *v_cache,
+                            const int32_t *table, int block_size, int context_len, int kv_head,
+                            int num_kv_heads, int head_dim, float scale, float *out) {
+    float running_max = -INFINITY, denominator = 0.0f;
+    for (int d = 0; d < head_dim; d++) out[d] = 0.0f;
+    for (int t = 0; t < context_len; t++) {
+        const int64_t row = (cache_slot(table, block_size, t) * num_kv_heads + kv_head) * head_dim;
+        const ELEM *k = k_cache + row, *v = v_cache + row;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < head_dim; d++) dot += q[d] * LOAD(k[d]);
+        const float score = dot * scale;
+        if (score > running_max) {
+            const float rescale = expf(running_max - score); /* 0 on the first token */
+            denominator *= rescale;
+            for (int d = 0; d < head_dim; d++) out[d] *= rescale;
+            running_max = score;
+        }
+        const float p = expf(score - running_max);
+        denominator += p;
+        for (int d = 0; d < head_dim; d++) out[d] += p * LOAD(v[d]);
+    }
+    const float inv = 1.0f / denominator;
+    for (int d = 0; d < head_dim; d++) out[d] = ROUND(out[d] * inv);
+}
+
+/* Each row's context is its tokens up to and including the new one (position + 1). */
+static void FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
+                          int qkv_width, const int64_t *positions, const int32_t *tables,
+                          int table_width, float *attn) {
+    const int group = m->num_heads / m->num_kv_heads, d = m->head_dim;
+    int64_t work = 0;
+    for (int r = 0; r < rows; r++) work += positions[r] + 1;
+#pragma omp parallel for collapse(2) schedule(static) if (work * m->num_heads > 65536)
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < m->num_heads; h++) {
+            FN(attend_head)(qkv + (int64_t)r * qkv_width + h * d, (const ELEM *)layer->k_cache,
+                            (const ELEM *)layer->v_cache, tables + (int64_t)r * table_width,
+                            m->block_size, (int)positions[r] + 1, h / group, m->num_kv_heads, d,
+                            m->scale, attn + ((int64_t)r * m->num_heads + h) * d);
+        }
+    }
+}
+
+/* silu(gate) * up, silu(x) = x / (1 + exp(-x)) as torch computes it, each result rounded. */
+static void FN(silu_and_mul)(const float *gate_up, int rows, int width, float *act) {
+    for (int r = 0; r < rows; r++) {
+        const float *gate = gate_up + (int64_t)r * 2 * width, *up = gate + width;
+        float *out = act + (int64_t)r * width;
+        for (int i = 0; i < width; i++)
+            out[i] = ROUND(ROUND(gate[i] / (1.0f + expf(-gate[i]))) * up[i]);
+    }
+}
+
+static void FN(add_rows)(float *residual, const float *x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) residual[i] = ROUND(x[i] + residual[i]);
+}
+
+static void FN(norm_rows)(const Model *m, const void *weight, int rows, const Workspace *ws) {
+    for (int r = 0; r < rows; r++)
+        FN(rms_norm_row)(ws->residual + (int64_t)r * m->hidden, (const ELEM *)weight, m->hidden,
+                         m->eps, ws->normed + (int64_t)r * m->hidden);
+}
+
+/* Attention half of a layer: norm, QKV, RoPE, cache write, attention, output projection
+ * (into ws->out). */
+static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
+                                const int64_t *positions, const int32_t *tables, int table_width,
+                                const Workspace *ws) {
+    const int h = m->hidden, d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
+    const int qkv_width = (hq + 2 * hkv) * d, kv_width = hkv * d;
+    ELEM *k_cache = (ELEM *)layer->k_cache, *v_cache = (ELEM *)layer->v_cache;
+    FN(norm_rows)(m, layer->input_norm, rows, ws);
+    FN(linear)(ws->normed, rows, h, layer->qkv, qkv_width, layer->qkv_bias, ws->qkv,
+               ws->matmul_input);
+    for (int r = 0; r < rows; r++) {
+        float *row = ws->qkv + (int64_t)r * qkv_width;
+        FN(rope_heads)(row, hq + hkv, d, m->cos_sin, positions[r]); /* K's heads follow Q's */
+        const int64_t slot = cache_slot(tables + (int64_t)r * table_width, m->block_size, positions[r]);
+        for (int i = 0; i < kv_width; i++) {
+            k_cache[slot * kv_width + i] = STORE(row[hq * d + i]);
+            v_cache[slot * kv_width + i] = STORE(row[(hq + hkv) * d + i]);
+        }
+    }
+    FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
+    FN(linear)(ws->attn, rows, hq * d, layer->o_proj, h, NULL, ws->out, ws->matmul_input);
+}
+
+static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Workspace *ws) {
+    const int h = m->hidden, i = m->intermediate;
+    FN(norm_rows)(m, layer->post_norm, rows, ws);
+    FN(linear)(ws->normed, rows, h, layer->gate_up, 2 * i, NULL, ws->gate_up, ws->matmul_input);
+    FN(silu_and_mul)(ws->gate_up, rows, i, ws->act);
+    FN(linear)(ws->act, rows, i, layer->down, h, NULL, ws->out, ws->matmul_input);
+}
+
+/* One new token for each of `rows` sequences, at `positions` (their caches hold every
+ * earlier token): writes their K/V into the caches and their fp32 logits into
+ * logits[rows, vocab]. */
+void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
+                           const int64_t *positions, const int32_t *tables, int table_width,
+                           const Workspace *ws, float *logits) {
+    const int h = m->hidden;
+    const int64_t width = (int64_t)rows * h;
+    const ELEM *embed = (const ELEM *)m->embed;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < h; i++)
+            ws->residual[(int64_t)r * h + i] = LOAD(embed[token_ids[r] * h + i]);
+    for (int l = 0; l < m->num_layers; l++) {
+        const Layer *layer = &m->layers[l];
+        if (l > 0) FN(add_rows)(ws->residual, ws->out, width);
+        FN(attention_block)(m, layer, rows, positions, tables, table_width, ws);
+        FN(add_rows)(ws->residual, ws->out, width);
+        FN(mlp_block)(m, layer, rows, ws);
+    }
+    FN(add_rows)(ws->residual, ws->out, width);
+    FN(norm_rows)(m, m->final_norm, rows, ws);
+    FN(linear)(ws->normed, rows, h, m->lm_head, m->vocab, NULL, logits, ws->matmul_input);
+}

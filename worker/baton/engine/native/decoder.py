@@ -1,0 +1,180 @@
+"""Run a decode-only step of a Llama model on CPU (fp32 or bf16) through the native library.
+
+`NativeDecoder.build(model, kv_caches)` binds the model's weights and caches once (the
+pointers stay valid: weights never move and a reshard rebinds); `step()` then runs every
+layer of a step in one call. The torch path stays the reference and handles every other
+step (prefill chunks, layer hooks, other dtypes and devices).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import numpy as np
+import torch
+
+from baton.engine.native import build
+
+log = logging.getLogger(__name__)
+_f32p = ctypes.POINTER(ctypes.c_float)
+_voidp = ctypes.c_void_p
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _voidp) for name in (
+        "input_norm", "qkv", "qkv_bias", "o_proj", "post_norm", "gate_up", "down", "k_cache", "v_cache")]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        *[(name, ctypes.c_int) for name in (
+            "hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate", "vocab", "num_layers",
+            "block_size", "max_positions")],
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        *[(name, _voidp) for name in ("embed", "final_norm", "lm_head")],
+        ("cos_sin", _f32p),
+        ("layers", ctypes.POINTER(_Layer)),
+    ]
+
+
+_WORKSPACE = ("residual", "normed", "qkv", "attn", "gate_up", "act", "out")
+
+
+class _Workspace(ctypes.Structure):
+    _fields_ = [*[(name, _f32p) for name in _WORKSPACE], ("matmul_input", _voidp)]
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else t.data_ptr()
+
+
+def unavailable_reason(model, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why this model cannot take the native path, or None when it can."""
+    if os.environ.get("BATON_NATIVE_DECODE", "1").strip() == "0":
+        return "disabled by BATON_NATIVE_DECODE=0"
+    if device.type != "cpu" or dtype not in build.ENTRY_POINTS:
+        return f"native decode runs fp32 or bf16 on CPU only (here {dtype} on {device.type})"
+    if build.load() is None:
+        return f"native library unavailable: {build.failure()}"
+    return None
+
+
+class NativeDecoder:
+    def __init__(self, lib: ctypes.CDLL, model, kv_caches, dtype: torch.dtype):
+        cfg = model.cfg
+        self._step = getattr(lib, build.ENTRY_POINTS[dtype])
+        self._row_widths = {
+            "residual": cfg.hidden_size, "normed": cfg.hidden_size, "out": cfg.hidden_size,
+            "qkv": (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
+            "attn": cfg.num_heads * cfg.head_dim,
+            "gate_up": 2 * cfg.intermediate_size, "act": cfg.intermediate_size,
+        }
+        # everything a pointer is taken of stays referenced as long as the decoder lives
+        self._keep = [tensor for tensor, _ in _bound_tensors(model, kv_caches, dtype)]
+        self.vocab = cfg.vocab_size
+        self.block_size = kv_caches[0][0].shape[1]
+        self.num_blocks = kv_caches[0][0].shape[0]
+        self.max_positions = model.cos_sin.shape[0]
+        self._model = _Model(
+            hidden=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
+            num_layers=cfg.num_layers, block_size=self.block_size,
+            max_positions=model.cos_sin.shape[0], eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
+            embed=_ptr(model.embed), final_norm=_ptr(model.norm), lm_head=_ptr(model.lm_head),
+            cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p),
+        )
+        self._layers = (_Layer * cfg.num_layers)()
+        for index, layer in enumerate(model.layers):
+            k_cache, v_cache = kv_caches[index]
+            self._layers[index] = _Layer(
+                _ptr(layer.input_norm), _ptr(layer.qkv), _ptr(layer.qkv_bias), _ptr(layer.o_proj),
+                _ptr(layer.post_attention_norm), _ptr(layer.gate_up), _ptr(layer.down),
+                _ptr(k_cache), _ptr(v_cache))
+        self._model.layers = self._layers
+        self._rows = 0
+        self._workspace = _Workspace()
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def build(cls, model, kv_caches, device: torch.device, dtype: torch.dtype) -> NativeDecoder | None:
+        """A decoder for this model, or None when the native path cannot run it."""
+        reason = unavailable_reason(model, device, dtype)
+        if reason is None and not all(t.dtype == want and t.is_contiguous()
+                                      for t, want in _bound_tensors(model, kv_caches, dtype)):
+            reason = f"a weight or cache is not a contiguous {dtype} tensor"
+        if reason is not None:
+            # a build failure costs speed on CPU: say so; a GPU or a disabled path is expected
+            level = logging.WARNING if device.type == "cpu" and "unavailable" in reason else logging.INFO
+            log.log(level, "decode steps use the torch path: %s", reason)
+            return None
+        return cls(build.load(), model, kv_caches, dtype)
+
+    def _reserve(self, rows: int) -> None:
+        if rows <= self._rows:
+            return
+        self._rows = max(rows, 2 * self._rows)
+        for name in _WORKSPACE:
+            buffer = torch.empty(self._rows * self._row_widths[name], dtype=torch.float32)
+            self._buffers[name] = buffer
+            setattr(self._workspace, name, ctypes.cast(buffer.data_ptr(), _f32p))
+        widest_input = max(self._row_widths[name] for name in ("residual", "attn", "act"))
+        self._buffers["matmul_input"] = buffer = torch.empty(self._rows * widest_input, dtype=torch.bfloat16)
+        self._workspace.matmul_input = buffer.data_ptr()
+
+    def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray) -> torch.Tensor:
+        """Logits [rows, vocab] (fp32) of one new token per sequence; writes their K/V.
+
+        token_ids, positions: int64 [rows]; tables: int32 [rows, width], covering every
+        position up to the new token's (each attends over positions 0..its own).
+        """
+        rows = len(token_ids)
+        self._reserve(rows)
+        logits = torch.empty(rows, self.vocab, dtype=torch.float32)
+        token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        tables = np.ascontiguousarray(tables, dtype=np.int32)
+        self._check_bounds(token_ids, positions, tables)
+        self._step(
+            ctypes.byref(self._model), ctypes.c_int(rows),
+            token_ids.ctypes.data_as(ctypes.c_void_p), positions.ctypes.data_as(ctypes.c_void_p),
+            tables.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(tables.shape[1]),
+            ctypes.byref(self._workspace),
+            ctypes.c_void_p(logits.data_ptr()),
+        )
+        return logits
+
+
+    def _check_bounds(self, token_ids, positions, tables) -> None:
+        """The C code indexes with these unchecked: refuse anything that would read or write
+        outside the model's tables or the cache pool."""
+        rows = len(token_ids)
+        if not (len(positions) == tables.shape[0] == rows):
+            raise ValueError(f"decode step inputs disagree on the row count ({rows})")
+        if rows == 0:
+            return
+        if token_ids.min() < 0 or token_ids.max() >= self.vocab:
+            raise ValueError(f"a token id is outside the vocabulary [0, {self.vocab})")
+        if positions.min() < 0 or positions.max() >= self.max_positions:
+            raise ValueError(f"a position is outside the RoPE table [0, {self.max_positions})")
+        if tables.shape[1] * self.block_size <= positions.max():
+            raise ValueError("a block table is shorter than its context")
+        if tables.min() < 0 or tables.max() >= self.num_blocks:
+            raise ValueError(f"a block id is outside the pool [0, {self.num_blocks})")
+
+
+def _bound_tensors(model, kv_caches, dtype: torch.dtype):
+    """(tensor, the dtype the native code reads it as) for everything it is handed."""
+    yield model.cos_sin, torch.float32
+    for tensor in (model.embed, model.norm, model.lm_head):
+        yield tensor, dtype
+    for layer in model.layers:
+        for tensor in (layer.input_norm, layer.qkv, layer.qkv_bias, layer.o_proj,
+                       layer.post_attention_norm, layer.gate_up, layer.down):
+            if tensor is not None:
+                yield tensor, dtype
+    for k_cache, v_cache in kv_caches:
+        yield k_cache, dtype
+        yield v_cache, dtype
