@@ -84,10 +84,16 @@ def _compare_each_decode_step(engine, prompts, max_tokens):
     return records
 
 
-def test_fp32_step_matches_the_torch_path(engine_fp32):
-    # mixed lengths: several context lengths per step, interleaved (non-consecutive) blocks
-    records = _compare_each_decode_step(engine_fp32, PROMPTS[:5], 24)
-    assert len(records) >= 20
+LONG_PROMPT = [1000 + (i * 7919) % 30000 for i in range(700)]  # threads share its attention
+
+
+@pytest.mark.parametrize("prompts, new_tokens", [
+    (PROMPTS[:5], 24),  # several context lengths per step, interleaved (non-consecutive) blocks
+    ([LONG_PROMPT, PROMPTS[0]], 8),  # many token blocks per head; the threaded attention
+])
+def test_fp32_step_matches_the_torch_path(engine_fp32, prompts, new_tokens):
+    records = _compare_each_decode_step(engine_fp32, prompts, new_tokens)
+    assert len(records) >= new_tokens - 1
     for native_logits, torch_logits, native_kv, torch_kv in records:
         assert native_logits.shape == torch_logits.shape
         assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))

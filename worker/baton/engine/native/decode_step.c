@@ -49,6 +49,34 @@ static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t p
     return (int64_t)table[position / block_size] * block_size + position % block_size;
 }
 
+/* Attention works on up to this many query heads of one KV head, this many tokens at a time. */
+#define ATTENTION_HEADS 16
+#define ATTENTION_TOKENS 32
+
+/* x[i] <- exp(x[i]) for x[i] <= 0 (softmax terms after subtracting the max), in loops the
+ * compiler vectorizes: 2^n * e^r with |r| <= ln2 / 2 and a degree-7 polynomial (Cephes'
+ * expf coefficients), about one ulp from the exact value, as torch's vectorized exp is. */
+static void exp_in_place(float *x, int n) {
+    float scale[ATTENTION_TOKENS];
+    int32_t bits[ATTENTION_TOKENS];
+    for (int i = 0; i < n; i++) {
+        const float v = x[i] < -87.0f ? -87.0f : x[i]; /* below: 2^n underflows; e^-87 ~ 0 */
+        const float whole = floorf(v * 1.44269504088896341f + 0.5f);
+        float r = v - whole * 0.693359375f;
+        r = r - whole * -2.12194440e-4f;
+        float poly = 1.9875691500e-4f;
+        poly = poly * r + 1.3981999507e-3f;
+        poly = poly * r + 8.3334519073e-3f;
+        poly = poly * r + 4.1665795894e-2f;
+        poly = poly * r + 1.6666665459e-1f;
+        poly = poly * r + 5.0000001201e-1f;
+        x[i] = poly * r * r + r + 1.0f;
+        bits[i] = ((int32_t)whole + 127) << 23;
+    }
+    memcpy(scale, bits, sizeof(float) * n);
+    for (int i = 0; i < n; i++) x[i] *= scale[i];
+}
+
 /* fp32 <-> bf16, round to nearest even (as torch's .to(torch.bfloat16)) */
 static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }

@@ -24,48 +24,81 @@ static void FN(rope_heads)(float *x, int heads, int head_dim, const float *cos_s
     }
 }
 
-/* One query head over its sequence's paged context: softmax(q k^T * scale) v in fp32,
- * online (running max and sum), so no buffer grows with the context. */
-static void FN(attend_head)(const float *q, const ELEM *k_cache, const ELEM *v_cache,
-                            const int32_t *table, int block_size, int context_len, int kv_head,
-                            int num_kv_heads, int head_dim, float scale, float *out) {
-    float running_max = -INFINITY, denominator = 0.0f;
-    for (int d = 0; d < head_dim; d++) out[d] = 0.0f;
-    for (int t = 0; t < context_len; t++) {
-        const int64_t row = (cache_slot(table, block_size, t) * num_kv_heads + kv_head) * head_dim;
-        const ELEM *k = k_cache + row, *v = v_cache + row;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < head_dim; d++) dot += q[d] * LOAD(k[d]);
-        const float score = dot * scale;
-        if (score > running_max) {
-            const float rescale = expf(running_max - score); /* 0 on the first token */
-            denominator *= rescale;
-            for (int d = 0; d < head_dim; d++) out[d] *= rescale;
-            running_max = score;
-        }
-        const float p = expf(score - running_max);
-        denominator += p;
-        for (int d = 0; d < head_dim; d++) out[d] += p * LOAD(v[d]);
+/* The query heads sharing one KV head (GQA) over their sequence's paged context:
+ * softmax(q k^T * scale) v in fp32, online over blocks of tokens (a running max and sum per
+ * head), so each K and V row is read once for the whole group and no buffer grows with
+ * the context. q and out: [heads, head_dim], heads <= ATTENTION_HEADS. */
+static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, const ELEM *v_cache,
+                             const int32_t *table, int block_size, int context_len, int kv_head,
+                             int num_kv_heads, int head_dim, float scale, float *out) {
+    float running_max[ATTENTION_HEADS], denominator[ATTENTION_HEADS];
+    float p[ATTENTION_HEADS][ATTENTION_TOKENS];
+    for (int g = 0; g < heads; g++) {
+        running_max[g] = -INFINITY;
+        denominator[g] = 0.0f;
+        for (int d = 0; d < head_dim; d++) out[g * head_dim + d] = 0.0f;
     }
-    const float inv = 1.0f / denominator;
-    for (int d = 0; d < head_dim; d++) out[d] = ROUND(out[d] * inv);
+    for (int start = 0; start < context_len; start += ATTENTION_TOKENS) {
+        const int n = context_len - start < ATTENTION_TOKENS ? context_len - start : ATTENTION_TOKENS;
+        for (int t = 0; t < n; t++) {
+            const ELEM *k = k_cache + (cache_slot(table, block_size, start + t) * num_kv_heads + kv_head) * head_dim;
+            for (int g = 0; g < heads; g++) {
+                const float *qg = q + g * head_dim;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int d = 0; d < head_dim; d++) dot += qg[d] * LOAD(k[d]);
+                p[g][t] = dot * scale;
+            }
+        }
+        for (int g = 0; g < heads; g++) {
+            float block_max = p[g][0];
+            for (int t = 1; t < n; t++) block_max = p[g][t] > block_max ? p[g][t] : block_max;
+            if (block_max > running_max[g]) {
+                const float rescale = expf(running_max[g] - block_max); /* 0 on the first block */
+                denominator[g] *= rescale;
+                for (int d = 0; d < head_dim; d++) out[g * head_dim + d] *= rescale;
+                running_max[g] = block_max;
+            }
+            for (int t = 0; t < n; t++) p[g][t] -= running_max[g];
+            exp_in_place(p[g], n);
+            for (int t = 0; t < n; t++) denominator[g] += p[g][t];
+        }
+        for (int t = 0; t < n; t++) {
+            const ELEM *v = v_cache + (cache_slot(table, block_size, start + t) * num_kv_heads + kv_head) * head_dim;
+            for (int g = 0; g < heads; g++) {
+                float *og = out + g * head_dim;
+                const float pt = p[g][t];
+                for (int d = 0; d < head_dim; d++) og[d] += pt * LOAD(v[d]);
+            }
+        }
+    }
+    for (int g = 0; g < heads; g++) {
+        const float inv = 1.0f / denominator[g];
+        for (int d = 0; d < head_dim; d++) out[g * head_dim + d] = ROUND(out[g * head_dim + d] * inv);
+    }
 }
 
-/* Each row's context is its tokens up to and including the new one (position + 1). */
+/* Each row's context is its tokens up to and including the new one (position + 1). Work
+ * items are (row, KV head, up to ATTENTION_HEADS of its query heads); threads share them
+ * once the step has enough tokens to pay for waking them. */
 static void FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
                           int qkv_width, const int64_t *positions, const int32_t *tables,
                           int table_width, float *attn) {
     const int group = m->num_heads / m->num_kv_heads, d = m->head_dim;
+    const int parts = (group + ATTENTION_HEADS - 1) / ATTENTION_HEADS, items = m->num_kv_heads * parts;
     int64_t work = 0;
     for (int r = 0; r < rows; r++) work += positions[r] + 1;
-#pragma omp parallel for collapse(2) schedule(static) if (work * m->num_heads > 65536)
+#pragma omp parallel for collapse(2) schedule(static) if (work * m->num_heads > 4096)
     for (int r = 0; r < rows; r++) {
-        for (int h = 0; h < m->num_heads; h++) {
-            FN(attend_head)(qkv + (int64_t)r * qkv_width + h * d, (const ELEM *)layer->k_cache,
-                            (const ELEM *)layer->v_cache, tables + (int64_t)r * table_width,
-                            m->block_size, (int)positions[r] + 1, h / group, m->num_kv_heads, d,
-                            m->scale, attn + ((int64_t)r * m->num_heads + h) * d);
+        for (int item = 0; item < items; item++) {
+            const int kv_head = item / parts, first = kv_head * group + (item % parts) * ATTENTION_HEADS;
+            const int heads = (kv_head + 1) * group - first < ATTENTION_HEADS
+                                  ? (kv_head + 1) * group - first : ATTENTION_HEADS;
+            FN(attend_group)(qkv + (int64_t)r * qkv_width + first * d, heads,
+                             (const ELEM *)layer->k_cache, (const ELEM *)layer->v_cache,
+                             tables + (int64_t)r * table_width, m->block_size,
+                             (int)positions[r] + 1, kv_head, m->num_kv_heads, d, m->scale,
+                             attn + ((int64_t)r * m->num_heads + first) * d);
         }
     }
 }
