@@ -23,6 +23,24 @@ def test_library_builds_from_source_into_an_empty_cache(tmp_path):
     assert build.build_library(tmp_path) == path  # cached: the same file, not rebuilt
 
 
+def test_a_failing_compiler_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(RuntimeError, match="false .* failed"):
+        build.build_library(tmp_path)
+    assert not list(tmp_path.iterdir())  # no half-built library left behind
+
+
+def test_without_the_library_the_engine_keeps_the_torch_path(monkeypatch, caplog):
+    monkeypatch.setattr(build, "load", lambda: None)
+    monkeypatch.setattr(build, "failure", lambda: "no C compiler (cc or gcc) on PATH")
+    with caplog.at_level("WARNING", logger="baton.engine.native.decoder"):
+        engine = make_engine(num_kv_blocks=64)
+    assert engine.runner.native is None
+    assert "torch path: native library unavailable: no C compiler" in caplog.text
+    out = engine.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+
+
 def test_library_name_follows_everything_it_is_built_from():
     base = build.library_name(b"src", ["-O3"], "2.13.0", "cpu a")
     assert base == build.library_name(b"src", ["-O3"], "2.13.0", "cpu a")
