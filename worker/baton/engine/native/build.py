@@ -13,6 +13,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +26,7 @@ HEADERS = (Path(__file__).with_name("decode_step_body.h"),)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
 ENTRY_POINTS = {torch.float32: "baton_decode_step_f32", torch.bfloat16: "baton_decode_step_bf16"}
+TORCH_LIB = Path(torch.__file__).parent / "lib"  # libtorch_cpu, with the MKL torch uses
 
 
 def cache_dir() -> Path:
@@ -51,21 +53,16 @@ def cpu_identity() -> str:
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
 
 
-def _torch_lib(name: str) -> Path:
-    return Path(torch.__file__).parent / "lib" / name
-
-
 def _compile(target: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    if compiler[0] is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     # build beside the target, then rename: a concurrent builder never sees half a file
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
-        torch_lib = _torch_lib("")
-        cmd = [compiler, *FLAGS, str(SOURCE), "-o", str(partial),
-               f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-lm"]
+        cmd = [*compiler, *FLAGS, str(SOURCE), "-o", str(partial),
+               f"-L{TORCH_LIB}", "-ltorch_cpu", f"-Wl,-rpath,{TORCH_LIB}", "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")
