@@ -146,7 +146,6 @@ class NativeDecoder:
         )
         return logits
 
-
     def _check_bounds(self, token_ids, positions, tables) -> None:
         """The C code indexes with these unchecked: refuse anything that would read or write
         outside the model's tables or the cache pool."""
