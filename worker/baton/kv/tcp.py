@@ -12,7 +12,7 @@ from baton.kv.endpoint import Endpoint, parse_endpoint
 from baton.kv.receiver import FrameReceiver
 from baton.kv.sender import FrameSender, FrameTransfer
 from baton.kv.transport import Transport
-from baton.kv.wire import FrameHeader, WireError
+from baton.kv.wire import FrameHeader, encode_frame
 
 _SOCKET_BUFFER = 4 << 20  # larger kernel buffers: fewer wakeups per multi-MB layer
 
@@ -74,11 +74,8 @@ class TcpSender(FrameSender):
     async def _send_layer_frame(
         self, transfer: FrameTransfer, header: FrameHeader, payload: torch.Tensor
     ) -> None:
-        views = self._wire_bytes(header, payload)
-        nbytes = sum(v.nbytes for v in views)
-        if nbytes != header.payload_nbytes:
-            raise WireError(f"payload: header says {header.payload_nbytes} bytes, got {nbytes}")
-        await self._conn_send_buffers([transfer.encoded_header(header), *views])
+        frame = encode_frame(header, self._wire_bytes(header, payload), transfer.encoded_header(header))
+        await self._conn_send_buffers(frame)
 
 
 class TcpTransport(Transport):

@@ -251,9 +251,10 @@ def encode_header(h: FrameHeader) -> bytes:
     return head + CRC.pack(checksum(head))
 
 
-def encode_frame(h: FrameHeader, payload=b"") -> list:
+def encode_frame(h: FrameHeader, payload=b"", header_bytes: bytes | None = None) -> list:
     """Buffers to write in order: the header bytes, then the payload itself (not copied;
-    a ViewPayload or a list of byte views goes out as its pieces)."""
+    a ViewPayload or a list of byte views goes out as its pieces). `header_bytes`: h
+    already encoded (by a LayerHeaders template), to skip encoding it again."""
     views = (
         [memoryview(v).cast("B") for v in payload if len(v)]
         if isinstance(payload, list | tuple)
@@ -262,7 +263,7 @@ def encode_frame(h: FrameHeader, payload=b"") -> list:
     nbytes = sum(v.nbytes for v in views)
     if nbytes != h.inline_nbytes:
         raise SizeMismatch(f"payload: header says {h.inline_nbytes} inline bytes, got {nbytes}")
-    return [encode_header(h), *views]
+    return [encode_header(h) if header_bytes is None else header_bytes, *views]
 
 
 # -- reading frames ----------------------------------------------------------------------
