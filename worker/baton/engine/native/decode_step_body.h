@@ -33,6 +33,7 @@ static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, con
                              int num_kv_heads, int head_dim, float scale, float *out) {
     float running_max[ATTENTION_HEADS], denominator[ATTENTION_HEADS];
     float p[ATTENTION_HEADS][ATTENTION_TOKENS];
+    int64_t rows[ATTENTION_TOKENS]; /* each token's K/V row offset, for both passes */
     for (int g = 0; g < heads; g++) {
         running_max[g] = -INFINITY;
         denominator[g] = 0.0f;
@@ -41,7 +42,8 @@ static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, con
     for (int start = 0; start < context_len; start += ATTENTION_TOKENS) {
         const int n = context_len - start < ATTENTION_TOKENS ? context_len - start : ATTENTION_TOKENS;
         for (int t = 0; t < n; t++) {
-            const ELEM *k = k_cache + (cache_slot(table, block_size, start + t) * num_kv_heads + kv_head) * head_dim;
+            rows[t] = (cache_slot(table, block_size, start + t) * num_kv_heads + kv_head) * head_dim;
+            const ELEM *k = k_cache + rows[t];
             for (int g = 0; g < heads; g++) {
                 const float *qg = q + g * head_dim;
                 float dot = 0.0f;
@@ -64,7 +66,7 @@ static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, con
             for (int t = 0; t < n; t++) denominator[g] += p[g][t];
         }
         for (int t = 0; t < n; t++) {
-            const ELEM *v = v_cache + (cache_slot(table, block_size, start + t) * num_kv_heads + kv_head) * head_dim;
+            const ELEM *v = v_cache + rows[t];
             for (int g = 0; g < heads; g++) {
                 float *og = out + g * head_dim;
                 const float pt = p[g][t];
