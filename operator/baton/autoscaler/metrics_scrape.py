@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from baton.server.keepalive import worker_http_client
+
 from .metrics import (
     COUNTERS,
     GAUGES,
@@ -119,7 +121,7 @@ class ScrapeSource:
                  clock: Callable[[], float] = time.monotonic, window_s: float | None = None) -> None:
         self._targets = targets
         self._clock = clock
-        self._client = httpx.AsyncClient(timeout=timeout)
+        self._client = worker_http_client(timeout=timeout)
         self.window_s = window_s
         self._history: dict[str, deque[Scrape]] = {}  # per target, oldest first
 

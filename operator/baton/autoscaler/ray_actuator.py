@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 
 import httpx
 
+from baton.server.keepalive import worker_http_client
+
 from .actuator import ActuationError
 from .estimate import PoolState
 from .inputs import Action, Decision
@@ -72,7 +74,7 @@ class RayActuator:
         self._workers = workers
         token = token if token is not None else os.environ.get("BATON_INTERNAL_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout)
+        self._client = worker_http_client(headers=headers, timeout=timeout)
         self.drain_timeout_s = drain_timeout_s
         self.poll_s = poll_s
         self.scale = scale

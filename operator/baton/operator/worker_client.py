@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from baton.server.keepalive import worker_http_client
+
 
 class WorkerUnreachable(Exception):
     """The worker did not answer, or answered with an error."""
@@ -25,7 +27,7 @@ class WorkerClient:
     def __init__(self, token: str | None, port: int, timeout: float = 5.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._port = port
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout)
+        self._client = worker_http_client(headers=headers, timeout=timeout)
 
     async def aclose(self) -> None:
         await self._client.aclose()

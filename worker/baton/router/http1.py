@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from baton.server.keepalive import CLIENT_IDLE_S
+
 _HIGH_WATER = 1 << 20  # buffered body bytes before reading from the socket pauses
 _LOW_WATER = 1 << 18
 
@@ -164,10 +166,10 @@ class Connection(asyncio.Protocol):
 
 class Http1Pool:
     """Idle keep-alive connections per worker. Idle ones are dropped well before the
-    workers' own keep-alive timeout (uvicorn: 5 s) so a request rarely meets a closing one;
+    workers' own keep-alive timeout (keepalive.py) so a request rarely meets a closing one;
     when it does (the connection breaks before any answer), it is sent again on a fresh one."""
 
-    def __init__(self, connect_timeout_s: float = 3.0, idle_ttl_s: float = 2.0,
+    def __init__(self, connect_timeout_s: float = 3.0, idle_ttl_s: float = CLIENT_IDLE_S,
                  max_idle_per_worker: int = 64, drain_timeout_s: float = 5.0):
         self.connect_timeout_s = connect_timeout_s
         self.idle_ttl_s = idle_ttl_s

@@ -9,6 +9,7 @@ import aiohttp
 
 from baton.router.http1 import Http1Pool, split_url
 from baton.router.sse import DONE, SseLines, parse_sse_line
+from baton.server.keepalive import CLIENT_IDLE_S
 
 __all__ = ["ACCEPTED", "DONE", "WorkerClient", "WorkerRefused", "WorkerRejected", "WorkerUnavailable",
            "parse_sse_line"]
@@ -76,7 +77,8 @@ class WorkerClient:
         if self._session is None or self._session.closed:  # made lazily: it needs the running loop
             self._session = aiohttp.ClientSession(
                 headers=self.headers,
-                connector=aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300),
+                connector=aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300,
+                                               keepalive_timeout=CLIENT_IDLE_S),
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s,
                                               sock_read=self.token_timeout_s))
         return self._session

@@ -87,9 +87,10 @@ def run(args) -> int:
     import uvicorn
 
     from baton.server.app import create_app
+    from baton.server.keepalive import SERVER_IDLE_S
     from baton.server.worker import Worker
 
     app = create_app(Worker(settings, token))
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower(),
-                access_log=False, timeout_graceful_shutdown=5)
+                access_log=False, timeout_graceful_shutdown=5, timeout_keep_alive=SERVER_IDLE_S)
     return 0

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from baton.server import sse
+from baton.server.keepalive import worker_http_client
 
 
 class PeerError(Exception):
@@ -19,7 +20,7 @@ class PeerError(Exception):
 class Peers:
     def __init__(self, token: str | None, timeout_s: float = 30.0):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
+        self.client = worker_http_client(headers=headers, timeout=timeout_s)
 
     async def close(self) -> None:
         await self.client.aclose()
