@@ -7,6 +7,7 @@ import math
 import pytest
 from fleet_harness import FakeWorker, Traffic, WorkerMetrics
 
+from baton.autoscaler.estimate import ObservationBuilder, PoolState
 from baton.autoscaler.metrics import COUNTERS, GAUGES, SeriesRates, summarise, window_batch
 from baton.autoscaler.metrics_prometheus import series_from_results
 from baton.autoscaler.metrics_scrape import (
@@ -174,6 +175,25 @@ async def test_scrape_source_over_http():
     assert snap.hit_rate == pytest.approx(0.5)
     assert snap.prefill_supply == pytest.approx(20_000.0)
     assert snap.decode_running == 8.0
+
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_does_not_answer_is_counted_not_read_as_idle():
+    workers = [FakeWorker("prefill"), FakeWorker("decode")]
+    for worker in workers:
+        await worker.start()
+    source = ScrapeSource([w.url for w in workers], timeout=2.0)
+    try:
+        assert (await source.snapshot()).unanswered == 0
+        await workers[1].stop()
+        partial = await source.snapshot()
+    finally:
+        await source.aclose()
+        await workers[0].stop()
+    assert partial.unanswered == 1 and partial.pools["prefill"] == 1
+    observation = ObservationBuilder().build(partial, PoolState(1, 1), 0.0)
+    assert observation.unreachable_workers == 1  # so the policy holds instead of sizing a lull
 
 
 @pytest.mark.asyncio

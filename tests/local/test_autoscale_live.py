@@ -150,7 +150,7 @@ def assert_names_its_inputs(record: dict) -> None:
     for name, value in pairs:
         assert name in INPUTS, text
         assert float(value) == pytest.approx(inputs[name], rel=0.01, abs=1e-3), (name, value, inputs)
-    if "did not answer" in text:  # a worker too busy to say its role: no split to size
+    if "did not answer" in text:  # a worker missed a period: nothing to size
         return
     assert re.search(r"prefill at [\d.]+ and decode at ([\d.]+|inf|nan) of capacity", text), text
 

@@ -124,7 +124,8 @@ class ObservationBuilder:
             step_per_seq_s=line[1],
             kv_capacity_tokens=self.kv_capacity,
             conversions_in_flight=pools.in_flight,
-            unreachable_workers=pools.unreachable,
+            # a worker silent to the actuator or to the metrics source: split or traffic partial
+            unreachable_workers=max(pools.unreachable, snap.unanswered),
             local_share=snap.local_share or 0.0,
             # Not on the required list: unmeasured exposure is no reason to hold, and the
             # sizing treats 0 as "handoff fully hidden".

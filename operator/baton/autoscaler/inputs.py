@@ -38,7 +38,8 @@ class Observation:
     local_share: share of uncached prompt tokens prefilled on decode workers;
     exposed_transfer_s: measured handoff time left on the critical path;
     decode_context_tokens: measured KV tokens per running session (None: use L_in + L_out/2);
-    unreachable_workers: workers whose role is not known this period (the split is a guess);
+    unreachable_workers: workers that did not answer this period, for their role or their
+    metrics (the split or the traffic is a guess);
     carried: traffic inputs this window did not measure (no request finished in it while
     requests kept arriving), taken from the last window that did.
     """

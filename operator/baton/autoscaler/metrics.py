@@ -105,6 +105,7 @@ class FleetSnapshot:
     running: dict[str, float | None] = field(default_factory=dict)  # role -> running sequences
     waiting: dict[str, float | None] = field(default_factory=dict)
     workers: dict[str, str] = field(default_factory=dict)  # worker -> current role
+    unanswered: int = 0  # workers whose metrics could not be read: the traffic is partial
 
 
 class MetricsSource(Protocol):

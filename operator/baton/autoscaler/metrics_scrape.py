@@ -14,7 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -113,8 +113,9 @@ class ScrapeSource:
     """Scrapes `{base}/metrics` of every target each call; targets: URLs or a function of now.
 
     timeout: seconds per scrape; window_s: rates over about this many seconds (None: since
-    the previous scrape). A worker that does not answer is left out of this period (its pool
-    count drops), and its earlier scrapes are kept for the next rate.
+    the previous scrape). A worker that does not answer is left out of this period's rates
+    and counted in `unanswered` (its traffic is missing, so the loop holds), and its earlier
+    scrapes are kept for the next rate.
     """
 
     def __init__(self, targets: Targets, timeout: float = 5.0,
@@ -163,4 +164,5 @@ class ScrapeSource:
             history.append((moment, parsed))
         for gone in set(self._history) - set(targets):
             del self._history[gone]
-        return summarise(series)
+        unanswered = sum(1 for _, _, parsed in results if parsed is None)
+        return replace(summarise(series), unanswered=unanswered)

@@ -44,12 +44,12 @@ class SizingPolicy:
                 observation_to_dict(obs),
             )
         if obs.unreachable_workers:
-            # A worker missing from the count would look like a pool to refill.
+            # A silent worker would look like a pool to refill, or its traffic like a lull.
             self._reset_streak()
             return Decision(
                 Action.HOLD, current, current, current,
                 f"hold {_split(current)}: unreachable_workers={obs.unreachable_workers} did not "
-                "answer, so the split is not known",
+                "answer, so the split or the traffic is not known",
                 observation_to_dict(obs),
             )
         if self._reference is None:
