@@ -11,6 +11,7 @@ import uvicorn
 
 from baton.router.app import RouterConfig, create_app
 from baton.router.discovery import StaticDiscovery
+from baton.router.main import SERVER_OPTIONS
 
 
 @contextlib.asynccontextmanager
@@ -18,7 +19,8 @@ async def running_router(model_info, urls: list[str], wait_ready: bool = True,
                          **settings) -> AsyncIterator[str]:
     settings.setdefault("poll_interval_s", 0.05)
     app = create_app(model_info, StaticDiscovery(urls), RouterConfig(**settings))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           **SERVER_OPTIONS))  # as `baton router` serves
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -64,10 +64,17 @@ def build_app(args: argparse.Namespace):
     return create_app(model, discovery, config)
 
 
+# Idle client connections stay open longer than common clients keep them (httpx 5 s, aiohttp
+# 15 s) and than cloud load balancers' idle timeouts (60 s), so the other side closes first
+# and never sends a request into a connection the router is closing.
+CLIENT_FACING_IDLE_S = 75
+SERVER_OPTIONS = {"access_log": False, "timeout_keep_alive": CLIENT_FACING_IDLE_S}
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(args)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **SERVER_OPTIONS)
     return 0
