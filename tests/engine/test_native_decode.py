@@ -65,10 +65,10 @@ def test_disabled_by_environment(monkeypatch):
     assert len(out.token_ids) == 4
 
 
-def _compare_each_decode_step(engine, prompts, max_tokens):
+def _compare_each_decode_step(engine, prompts, max_tokens, reference: NativeDecoder | None = None):
     """Run both paths on every decode-only step (native first, then torch, which keeps the
-    generation on the torch path); return [(native logits, torch logits, native K/V rows,
-    torch K/V rows)]."""
+    generation on the torch path; or the `reference` native decoder instead of torch);
+    return [(native logits, reference logits, native K/V rows, reference K/V rows)]."""
     runner, native = engine.runner, engine.runner.native
     torch_run, records = runner.run, []
 
@@ -86,9 +86,12 @@ def _compare_each_decode_step(engine, prompts, max_tokens):
             return torch_run(batch, layer_hook)
         _, native_logits = runner._run_native_decode(batch.decodes)
         native_kv = new_token_kv(batch)
-        runner.native = None
+        runner.native = reference
         try:
-            sampling, torch_logits = torch_run(batch, layer_hook)
+            if reference is None:
+                sampling, torch_logits = torch_run(batch, layer_hook)
+            else:
+                sampling, torch_logits = runner._run_native_decode(batch.decodes)
         finally:
             runner.native = native
         records.append((native_logits, torch_logits.float(), native_kv, new_token_kv(batch)))
@@ -133,6 +136,49 @@ def test_bf16_step_is_as_close_to_the_torch_path_as_bf16_allows():
         # layer 0's K/V depend only on the token and its position: the same rounding steps
         torch.testing.assert_close(native_kv[:, 0], torch_kv[:, 0], atol=0, rtol=0)
     assert agree / total >= 0.9
+
+
+def _mkl_decoder(engine, monkeypatch) -> NativeDecoder:
+    """A second decoder on the engine's model and pool, with MKL's bf16 products."""
+    if not build.load().baton_bf16_packing_available():
+        pytest.skip("this CPU or torch has no packed bf16 GEMM")
+    runner = engine.runner
+    monkeypatch.setenv("BATON_NATIVE_PACKED", "0")
+    mkl = NativeDecoder.build(runner.model, runner.kv_caches, runner.device, runner.dtype)
+    assert runner.native.packed is not None and mkl.packed is None
+    return mkl
+
+
+def _assert_identical(records) -> None:
+    assert records
+    for logits, reference_logits, kv, reference_kv in records:
+        assert torch.equal(logits, reference_logits)
+        assert torch.equal(kv, reference_kv)
+
+
+def test_bf16_products_on_packed_weights_equal_mkls(monkeypatch):
+    engine = make_engine(dtype="bfloat16")
+    _assert_identical(_compare_each_decode_step(engine, PROMPTS[:5], 12, _mkl_decoder(engine, monkeypatch)))
+
+
+def test_packed_products_with_partial_column_blocks_and_a_bias(tmp_path, hf_reference, monkeypatch):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    # widths that are not multiples of the 64-column blocks: 160 (QKV), 288 (gate/up), 80
+    config = Qwen2Config(vocab_size=49152, hidden_size=80, intermediate_size=144, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    hf_reference["tokenizer"].save_pretrained(tmp_path)
+    engine = make_engine(model=str(tmp_path), dtype="bfloat16")
+    assert engine.runner.model.layers[0].qkv_bias is not None
+    records = _compare_each_decode_step(engine, PROMPTS[:3], 8, _mkl_decoder(engine, monkeypatch))
+    assert records
+    # at these small widths the two products sum in different orders: within bf16's rounding
+    for logits, reference_logits, kv, reference_kv in records:
+        torch.testing.assert_close(logits, reference_logits, atol=1e-2, rtol=1.6e-2)
+        torch.testing.assert_close(kv, reference_kv, atol=1e-2, rtol=1.6e-2)
+        assert torch.equal(kv[:, 0], reference_kv[:, 0])
 
 
 def test_reshard_rebinds_the_new_pool():

@@ -5,15 +5,17 @@
  * one-microsecond `x + x` takes 14 us right after one (an RMSNorm 56-90 us instead of 10). Here the work between products is
  * a few plain loops over vectors of a few KB, and the products are BLAS calls into the MKL
  * inside torch: in fp32 the very sgemm_ call torch makes for F.linear (bit-identical
- * results), in bf16 MKL's bf16 x bf16 -> fp32 product (it matched the oneDNN linear of the
- * torch path bit for bit where compared, and is faster at one row). Values are rounded at
- * the points where the torch path (kernels/ref.py) rounds; the tests compare the two.
+ * results); in bf16 oneDNN's batch-reduce GEMM on weights packed once for it (AMX where the
+ * CPU has it), else MKL's bf16 x bf16 -> fp32 product (both matched the oneDNN linear of the
+ * torch path bit for bit where compared). Values are rounded at the points where the torch
+ * path (kernels/ref.py) rounds; the tests compare the two.
  *
  * Row-major tensors throughout. K/V caches: [num_blocks, block_size, n_kv_heads, head_dim].
  * Activations live in fp32 buffers; in bf16 they only ever hold bf16 values.
  * Built with -ffp-contract=off: every product and sum rounds on its own, as torch's do.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -26,16 +28,34 @@ void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, in
                             float *c, int ldc);
 enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 
+/* oneDNN's batch-reduce GEMM and its weight packing, as libtorch_cpu exports them
+ * (at::native::cpublas::brgemm, pack, brgemm_release, could_pack; C++ names). Weak: a torch
+ * without them leaves them NULL, and the bf16 products stay with MKL. */
+#define BRGEMM_BF16 _ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb
+#define BRGEMM_PACK _ZN2at6native7cpublas4packEllllN3c1010ScalarTypeES3_PKvPv
+#define BRGEMM_RELEASE _ZN2at6native7cpublas14brgemm_releaseEb
+#define BRGEMM_COULD_PACK _ZN2at6native7cpublas10could_packEN3c1010ScalarTypeE
+void BRGEMM_BF16(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                 bool add_c, const uint16_t *a, const uint16_t *b, float *c, bool vnni)
+    __attribute__((weak));
+void BRGEMM_PACK(int64_t k, int64_t n, int64_t ld_in, int64_t ld_out, int8_t type_in,
+                 int8_t type_out, const void *in, void *out) __attribute__((weak));
+void BRGEMM_RELEASE(bool vnni) __attribute__((weak));
+bool BRGEMM_COULD_PACK(int8_t type) __attribute__((weak));
+enum { TORCH_BFLOAT16 = 15 }; /* c10::ScalarType::BFloat16 */
+
 typedef struct { /* every tensor in the model's dtype (fp32 or bf16) */
     const void *input_norm, *qkv, *qkv_bias, *o_proj, *post_norm, *gate_up, *down;
     void *k_cache, *v_cache;
+    /* bf16: the four products' weights packed by baton_pack_bf16, or NULL (MKL instead) */
+    const void *qkv_packed, *o_proj_packed, *gate_up_packed, *down_packed;
 } Layer;
 
 typedef struct {
     int hidden, num_heads, num_kv_heads, head_dim, intermediate, vocab, num_layers;
     int block_size, max_positions;
     float eps, scale;
-    const void *embed, *final_norm, *lm_head;
+    const void *embed, *final_norm, *lm_head, *lm_head_packed;
     const float *cos_sin; /* fp32 [max_positions, head_dim]: cos, then sin */
     const Layer *layers;
 } Model;
@@ -89,9 +109,10 @@ static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16)
 static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* out[rows, n] = x[rows, k] @ w[n, k]^T (+ bias): torch's addmm call for F.linear. */
-static void linear_f32(const float *x, int rows, int k, const void *weight, int n,
-                       const void *bias, float *out, uint16_t *unused) {
-    (void)unused;
+static void linear_f32(const float *x, int rows, int k, const void *weight,
+                       const void *unused_packed, int n, const void *bias, float *out,
+                       uint16_t *unused) {
+    (void)unused_packed, (void)unused;
     const float one = 1.0f;
     float beta = 0.0f;
     if (bias) {
@@ -101,11 +122,64 @@ static void linear_f32(const float *x, int rows, int k, const void *weight, int 
     sgemm_("T", "N", &n, &rows, &k, &one, (const float *)weight, &k, x, &k, &beta, out, &n);
 }
 
+/* Packed weights: column blocks of this many output features, each in brgemm's layout. */
+#define PACK_COLUMNS 64
+#define PACK_ROWS 32 /* rows per brgemm call */
+
+int baton_bf16_packing_available(void) {
+    return BRGEMM_BF16 && BRGEMM_PACK && BRGEMM_RELEASE && BRGEMM_COULD_PACK &&
+           BRGEMM_COULD_PACK(TORCH_BFLOAT16);
+}
+
+/* w[n, k] (a linear layer's weight) -> out[n * k]: w^T in blocks of PACK_COLUMNS columns,
+ * block b at out + b * PACK_COLUMNS * k, each packed for brgemm. scratch: k * PACK_COLUMNS.
+ * Returns 0, or -1 when k is odd (brgemm pairs up the k dimension). */
+int baton_pack_bf16(const uint16_t *w, int n, int k, uint16_t *out, uint16_t *scratch) {
+    if (k % 2 != 0 || !baton_bf16_packing_available()) return -1;
+    for (int start = 0; start < n; start += PACK_COLUMNS) {
+        const int cols = n - start < PACK_COLUMNS ? n - start : PACK_COLUMNS;
+        for (int j = 0; j < k; j++)
+            for (int c = 0; c < cols; c++) scratch[j * cols + c] = w[(int64_t)(start + c) * k + j];
+        BRGEMM_PACK(k, cols, cols, cols, TORCH_BFLOAT16, TORCH_BFLOAT16, scratch,
+                    out + (int64_t)start * k);
+    }
+    return 0;
+}
+
+/* out[rows, n] = input[rows, k] @ w^T from packed w; threads take column blocks. */
+static void product_packed(const uint16_t *input, int rows, int k, const uint16_t *packed, int n,
+                           float *out) {
+    const int blocks = (n + PACK_COLUMNS - 1) / PACK_COLUMNS;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int b = 0; b < blocks; b++) {
+            const int start = b * PACK_COLUMNS;
+            const int cols = n - start < PACK_COLUMNS ? n - start : PACK_COLUMNS;
+            for (int r = 0; r < rows; r += PACK_ROWS)
+                BRGEMM_BF16(rows - r < PACK_ROWS ? rows - r : PACK_ROWS, cols, k, k, cols, n, false,
+                            input + (int64_t)r * k, packed + (int64_t)start * k,
+                            out + (int64_t)r * n + start, true);
+        }
+        BRGEMM_RELEASE(true); /* each thread's tile configuration */
+    }
+}
+
 /* The same in bf16: fp32 accumulation, the bias added before the one rounding. */
-static void linear_bf16(const float *x, int rows, int k, const void *weight, int n,
-                        const void *bias, float *out, uint16_t *input) {
+static void linear_bf16(const float *x, int rows, int k, const void *weight, const void *packed,
+                        int n, const void *bias, float *out, uint16_t *input) {
     const int64_t in_count = (int64_t)rows * k, out_count = (int64_t)rows * n;
     for (int64_t i = 0; i < in_count; i++) input[i] = f32_to_bf16(x[i]);
+    if (packed) {
+        product_packed(input, rows, k, (const uint16_t *)packed, n, out);
+        if (bias) {
+            const uint16_t *b = (const uint16_t *)bias;
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < n; j++) out[(int64_t)r * n + j] += bf16_to_f32(b[j]);
+        }
+        for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);
+        return;
+    }
     float beta = 0.0f;
     if (bias) {
         const uint16_t *b = (const uint16_t *)bias;

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from baton.engine.native import build
+from baton.engine.native.packing import packed_weights
 
 log = logging.getLogger(__name__)
 _f32p = ctypes.POINTER(ctypes.c_float)
@@ -24,7 +25,8 @@ _voidp = ctypes.c_void_p
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _voidp) for name in (
-        "input_norm", "qkv", "qkv_bias", "o_proj", "post_norm", "gate_up", "down", "k_cache", "v_cache")]
+        "input_norm", "qkv", "qkv_bias", "o_proj", "post_norm", "gate_up", "down", "k_cache", "v_cache",
+        "qkv_packed", "o_proj_packed", "gate_up_packed", "down_packed")]
 
 
 class _Model(ctypes.Structure):
@@ -34,7 +36,7 @@ class _Model(ctypes.Structure):
             "block_size", "max_positions")],
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
-        *[(name, _voidp) for name in ("embed", "final_norm", "lm_head")],
+        *[(name, _voidp) for name in ("embed", "final_norm", "lm_head", "lm_head_packed")],
         ("cos_sin", _f32p),
         ("layers", ctypes.POINTER(_Layer)),
     ]
@@ -74,6 +76,8 @@ class NativeDecoder:
         }
         # everything a pointer is taken of stays referenced as long as the decoder lives
         self._keep = [tensor for tensor, _ in _bound_tensors(model, kv_caches, dtype)]
+        self.packed = packed_weights(lib, model) if dtype == torch.bfloat16 else None
+        self._keep.append(self.packed)
         self.vocab = cfg.vocab_size
         self.block_size = kv_caches[0][0].shape[1]
         self.num_blocks = kv_caches[0][0].shape[0]
@@ -84,15 +88,17 @@ class NativeDecoder:
             num_layers=cfg.num_layers, block_size=self.block_size,
             max_positions=model.cos_sin.shape[0], eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
             embed=_ptr(model.embed), final_norm=_ptr(model.norm), lm_head=_ptr(model.lm_head),
+            lm_head_packed=_ptr(self.packed.lm_head) if self.packed else None,
             cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p),
         )
         self._layers = (_Layer * cfg.num_layers)()
         for index, layer in enumerate(model.layers):
             k_cache, v_cache = kv_caches[index]
+            packed = self.packed.layers[index] if self.packed else (None,) * 4
             self._layers[index] = _Layer(
                 _ptr(layer.input_norm), _ptr(layer.qkv), _ptr(layer.qkv_bias), _ptr(layer.o_proj),
                 _ptr(layer.post_attention_norm), _ptr(layer.gate_up), _ptr(layer.down),
-                _ptr(k_cache), _ptr(v_cache))
+                _ptr(k_cache), _ptr(v_cache), *(_ptr(t) for t in packed))
         self._model.layers = self._layers
         self._rows = 0
         self._workspace = _Workspace()
