@@ -162,6 +162,20 @@ class FakeWorker:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+            self._runner = None
+
+
+@contextlib.asynccontextmanager
+async def running_workers(*roles: str):
+    """Fake workers of these roles, serving until the block ends (a test may stop one early)."""
+    workers = [FakeWorker(role) for role in roles]
+    try:
+        for worker in workers:
+            await worker.start()
+        yield workers
+    finally:
+        for worker in workers:
+            await worker.stop()
 
 
 class FleetDriver:

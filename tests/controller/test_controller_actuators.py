@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fleet_harness import FakeWorker
+from fleet_harness import FakeWorker, running_workers
 
 from baton.api import parse_spec
 from baton.autoscaler.actuator import ActuationError
@@ -122,14 +122,11 @@ async def test_local_drain_deadline_and_scaling_hook():
 
 @pytest.mark.asyncio
 async def test_local_split_counts_the_workers_that_did_not_answer():
-    workers = [FakeWorker("prefill"), FakeWorker("decode")]
-    for worker in workers:
-        await worker.start()
-    actuator = RayActuator([w.url for w in workers], timeout=1.0)
-    try:
-        assert await actuator.pools() == PoolState(1, 1, 0, unreachable=0)
-        await workers[0].stop()
-        assert await actuator.pools() == PoolState(0, 1, 0, unreachable=1)
-    finally:
-        await actuator.aclose()
-        await workers[1].stop()
+    async with running_workers("prefill", "decode") as workers:
+        actuator = RayActuator([w.url for w in workers], timeout=1.0)
+        try:
+            assert await actuator.pools() == PoolState(1, 1, 0, unreachable=0)
+            await workers[0].stop()
+            assert await actuator.pools() == PoolState(0, 1, 0, unreachable=1)
+        finally:
+            await actuator.aclose()

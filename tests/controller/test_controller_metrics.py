@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from fleet_harness import FakeWorker, Traffic, WorkerMetrics
+from fleet_harness import FakeWorker, Traffic, WorkerMetrics, running_workers
 
 from baton.autoscaler.estimate import ObservationBuilder, PoolState
 from baton.autoscaler.metrics import COUNTERS, GAUGES, SeriesRates, summarise, window_batch
@@ -180,17 +180,14 @@ async def test_scrape_source_over_http():
 
 @pytest.mark.asyncio
 async def test_a_worker_that_does_not_answer_is_counted_not_read_as_idle():
-    workers = [FakeWorker("prefill"), FakeWorker("decode")]
-    for worker in workers:
-        await worker.start()
-    source = ScrapeSource([w.url for w in workers], timeout=2.0)
-    try:
-        assert (await source.snapshot()).unanswered == 0
-        await workers[1].stop()
-        partial = await source.snapshot()
-    finally:
-        await source.aclose()
-        await workers[0].stop()
+    async with running_workers("prefill", "decode") as workers:
+        source = ScrapeSource([w.url for w in workers], timeout=2.0)
+        try:
+            assert (await source.snapshot()).unanswered == 0
+            await workers[1].stop()
+            partial = await source.snapshot()
+        finally:
+            await source.aclose()
     assert partial.unanswered == 1 and partial.pools["prefill"] == 1
     observation = ObservationBuilder().build(partial, PoolState(1, 1), 0.0)
     assert observation.unreachable_workers == 1  # so the policy holds instead of sizing a lull
