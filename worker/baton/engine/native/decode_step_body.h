@@ -24,6 +24,22 @@ static void FN(rope_heads)(float *x, int heads, int head_dim, const float *cos_s
     }
 }
 
+/* Ask for the K and V rows of tokens [start, end) ahead of their use: one KV head's rows are
+ * a few hundred bytes apart and its blocks scattered over the pool, so without this the
+ * attention loops wait on memory for each row in turn. */
+static void FN(prefetch_rows)(const ELEM *k_cache, const ELEM *v_cache, const int32_t *table,
+                              int block_size, int start, int end, int kv_head, int num_kv_heads,
+                              int head_dim) {
+    const int row_bytes = head_dim * (int)sizeof(ELEM);
+    for (int t = start; t < end; t++) {
+        const int64_t row = (cache_slot(table, block_size, t) * num_kv_heads + kv_head) * head_dim;
+        for (int offset = 0; offset < row_bytes; offset += 64) {
+            __builtin_prefetch((const char *)(k_cache + row) + offset);
+            __builtin_prefetch((const char *)(v_cache + row) + offset);
+        }
+    }
+}
+
 /* The query heads sharing one KV head (GQA) over their sequence's paged context:
  * softmax(q k^T * scale) v in fp32, online over blocks of tokens (a running max and sum per
  * head), so each K and V row is read once for the whole group and no buffer grows with
@@ -41,6 +57,10 @@ static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, con
     }
     for (int start = 0; start < context_len; start += ATTENTION_TOKENS) {
         const int n = context_len - start < ATTENTION_TOKENS ? context_len - start : ATTENTION_TOKENS;
+        const int next = start + ATTENTION_TOKENS;
+        FN(prefetch_rows)(k_cache, v_cache, table, block_size, next,
+                          context_len - next < ATTENTION_TOKENS ? context_len : next + ATTENTION_TOKENS,
+                          kv_head, num_kv_heads, head_dim);
         for (int t = 0; t < n; t++) {
             rows[t] = (cache_slot(table, block_size, start + t) * num_kv_heads + kv_head) * head_dim;
             const ELEM *k = k_cache + rows[t];
