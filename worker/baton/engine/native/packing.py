@@ -1,7 +1,7 @@
 """bf16 weights packed once for oneDNN's batch-reduce GEMM (decode_step.c: product_packed).
 
-A decode step's products read every weight once for a handful of rows. MKL's bf16 product
-repacks the weights on every call and slows down past one row (22 ms for a SmolLM2 step's
+A decode step's products read every weight once for a handful of rows. MKL's bf16 product,
+which takes the weights as they are, slows down past one row (22 ms for a SmolLM2 step's
 products at 2-16 rows, against 12 ms at one); on weights packed ahead (AMX tiles where the
 CPU has them) the same products take 12 ms from 1 to 16 rows. The packed copy costs as much
 memory as the weights it copies, so it is made once per model and shared by every decoder
