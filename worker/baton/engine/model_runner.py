@@ -12,6 +12,7 @@ from baton.engine.native.decoder import NativeDecoder
 from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
 from baton.engine.weights import load_weights
+from baton.kv.blockviews import cache_bytes
 
 
 def _pad_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -58,13 +59,13 @@ class ModelRunner:
     def kv_cache_bytes(self, layer: int) -> tuple[memoryview, memoryview] | None:
         """Flat writable byte views of a layer's K and V caches, made once per pool (making
         them takes torch and numpy calls that a transport would repeat for every layer it
-        moves); None when the pool is not in host memory."""
+        moves); None when they are not flat host buffers (see kv.blockviews.cache_bytes)."""
         views = self._kv_bytes.get(layer)
         if views is None:
-            if self.device.type != "cpu":
+            k_bytes, v_bytes = (cache_bytes(cache) for cache in self.kv_caches[layer])
+            if k_bytes is None or v_bytes is None:
                 return None
-            views = self._kv_bytes[layer] = tuple(
-                memoryview(cache.view(torch.uint8).numpy()).cast("B") for cache in self.kv_caches[layer])
+            views = self._kv_bytes[layer] = (k_bytes, v_bytes)
         return views
 
     def resize_kv_cache(self, num_blocks: int) -> None:
