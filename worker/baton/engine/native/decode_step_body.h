@@ -24,18 +24,19 @@ static void FN(rope_heads)(float *x, int heads, int head_dim, const float *cos_s
     }
 }
 
-/* Ask for the K and V rows of tokens [start, end) ahead of their use: one KV head's rows are
- * a few hundred bytes apart and its blocks scattered over the pool, so without this the
- * attention loops wait on memory for each row in turn. */
-static void FN(prefetch_rows)(const ELEM *k_cache, const ELEM *v_cache, const int32_t *table,
-                              int block_size, int start, int end, int kv_head, int num_kv_heads,
-                              int head_dim) {
+/* rows[i]: the K/V row offset of token start + i for one KV head, for i < n; and a request to
+ * load those rows, made a block ahead of their use: one KV head's rows are a few hundred
+ * bytes apart and its blocks scattered over the pool, so without it the attention loops
+ * wait on memory for each row in turn. */
+static void FN(locate_rows)(const ELEM *k_cache, const ELEM *v_cache, const int32_t *table,
+                            int block_size, int start, int n, int kv_head, int num_kv_heads,
+                            int head_dim, int64_t *rows) {
     const int row_bytes = head_dim * (int)sizeof(ELEM);
-    for (int t = start; t < end; t++) {
-        const int64_t row = (cache_slot(table, block_size, t) * num_kv_heads + kv_head) * head_dim;
+    for (int i = 0; i < n; i++) {
+        rows[i] = (cache_slot(table, block_size, start + i) * num_kv_heads + kv_head) * head_dim;
         for (int offset = 0; offset < row_bytes; offset += 64) {
-            __builtin_prefetch((const char *)(k_cache + row) + offset);
-            __builtin_prefetch((const char *)(v_cache + row) + offset);
+            __builtin_prefetch((const char *)(k_cache + rows[i]) + offset);
+            __builtin_prefetch((const char *)(v_cache + rows[i]) + offset);
         }
     }
 }
@@ -49,20 +50,24 @@ static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, con
                              int num_kv_heads, int head_dim, float scale, float *out) {
     float running_max[ATTENTION_HEADS], denominator[ATTENTION_HEADS];
     float p[ATTENTION_HEADS][ATTENTION_TOKENS];
-    int64_t rows[ATTENTION_TOKENS]; /* each token's K/V row offset, for both passes */
+    int64_t located[2][ATTENTION_TOKENS]; /* K/V row offsets: this block's and the next's */
     for (int g = 0; g < heads; g++) {
         running_max[g] = -INFINITY;
         denominator[g] = 0.0f;
         for (int d = 0; d < head_dim; d++) out[g * head_dim + d] = 0.0f;
     }
-    for (int start = 0; start < context_len; start += ATTENTION_TOKENS) {
+    FN(locate_rows)(k_cache, v_cache, table, block_size, 0,
+                    context_len < ATTENTION_TOKENS ? context_len : ATTENTION_TOKENS, kv_head,
+                    num_kv_heads, head_dim, located[0]);
+    for (int start = 0, block = 0; start < context_len; start += ATTENTION_TOKENS, block ^= 1) {
         const int n = context_len - start < ATTENTION_TOKENS ? context_len - start : ATTENTION_TOKENS;
-        const int next = start + ATTENTION_TOKENS;
-        FN(prefetch_rows)(k_cache, v_cache, table, block_size, next,
-                          context_len - next < ATTENTION_TOKENS ? context_len : next + ATTENTION_TOKENS,
-                          kv_head, num_kv_heads, head_dim);
+        const int next = start + ATTENTION_TOKENS, left = context_len - next;
+        if (left > 0)
+            FN(locate_rows)(k_cache, v_cache, table, block_size, next,
+                            left < ATTENTION_TOKENS ? left : ATTENTION_TOKENS, kv_head,
+                            num_kv_heads, head_dim, located[block ^ 1]);
+        const int64_t *rows = located[block]; /* each token's K/V row offset, for both passes */
         for (int t = 0; t < n; t++) {
-            rows[t] = (cache_slot(table, block_size, start + t) * num_kv_heads + kv_head) * head_dim;
             const ELEM *k = k_cache + rows[t];
             for (int g = 0; g < heads; g++) {
                 const float *qg = q + g * head_dim;
