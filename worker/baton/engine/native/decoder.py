@@ -86,7 +86,7 @@ class NativeDecoder:
             hidden=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
             num_layers=cfg.num_layers, block_size=self.block_size,
-            max_positions=model.cos_sin.shape[0], eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
+            max_positions=self.max_positions, eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
             embed=_ptr(model.embed), final_norm=_ptr(model.norm), lm_head=_ptr(model.lm_head),
             lm_head_packed=_ptr(self.packed.lm_head) if self.packed else None,
             cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p),

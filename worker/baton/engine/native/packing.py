@@ -30,7 +30,7 @@ class PackedWeights:
     @property
     def nbytes(self) -> int:
         tensors = [t for layer in self.layers for t in layer] + [self.lm_head]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.nbytes for t in tensors)
 
 
 _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> PackedWeights | None
