@@ -105,9 +105,8 @@ def test_a_cancel_racing_a_direct_write_frees_the_blocks_only_after_it():
     with BackgroundLoop("receiver") as receiver:
         writing = asyncio.run_coroutine_threadsafe(receiver_writes_layer_0(), receiver.loop)
         assert half_written.wait(10)
-        started = time.perf_counter()
         assert asyncio.run(intake.cancel(rid, "ticket expired")) is True
-        assert time.perf_counter() - started < 2.0  # the engine did not wait for the frame
+        assert not writing.done()  # the cancel did not wait for the frame still being written
         assert rid not in engine.freed and rid not in intake.reservations  # blocks still held
         assert intake.lookup(rid) is None
         with pytest.raises(RuntimeError, match="no reservation"):
