@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from machine_info import machine_record
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TARGETS = {"decode_b1_speedup": 1.5, "batch32_vs_hf_b1": 6.0, "prefill_speedup": 1.2}
@@ -147,9 +147,7 @@ def main() -> None:
     results = {
         "bench": "engine",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "threads": args.threads if args.device == "cpu" else None, "device": args.device,
-                    "torch": torch.__version__, "load_avg_at_start": os.getloadavg()[0]},
+        "machine": {**machine_record(args.threads if args.device == "cpu" else None), "device": args.device},
         "settings": {k: getattr(args, k) for k in ("runs", "decode_tokens", "concurrency", "prefill_tokens")},
         "targets": TARGETS,
         "dtypes": {},

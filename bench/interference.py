@@ -18,6 +18,8 @@ import asyncio
 import json
 from pathlib import Path
 
+from machine_info import machine_record
+
 from baton.loadgen.main import add_arguments as bench_arguments
 from baton.loadgen.main import bench, print_report
 from baton.loadgen.records import records_from_json
@@ -94,8 +96,9 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    machine = machine_record()  # before the stacks load the machine
     results = {name: run_setup(name, args, out) for name in args.setups.split(",")}
-    summary = headline(results)
+    summary = {**headline(results), "machine": machine}
     (out / "interference_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
 

@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from machine_info import machine_record  # noqa: E402
 from raw_loopback import PlacedCopier, raw_copy_gbps  # noqa: E402
 
 TOKEN = "bench-kv-token"
@@ -350,6 +351,7 @@ def main() -> int:
             "dtype": args.dtype,
             "repeats": args.repeats,
             "cpu_cores": os.cpu_count(),
+            "machine": machine_record(),
             "load_average_at_start": load_at_start,  # 1, 5, 15 min: other work skews every number
             "load_average_at_end": os.getloadavg(),
             "decode_worker": {k: decode_state[k] for k in ("num_blocks", "block_size", "kv_endpoint")},

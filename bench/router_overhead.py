@@ -19,6 +19,7 @@ import statistics
 import time
 
 import httpx
+from machine_info import machine_record
 
 from baton.local.runtime import LocalStack, StackSpec
 
@@ -95,6 +96,7 @@ def main() -> None:
         "paired_overhead_median_ms": statistics.median(ms([r - d for r, d in zip(routed, direct)])),
         "target_ms": 3.0,
         "load_average_1m_5m_15m": os.getloadavg(),  # absolute times are noise on a busy machine
+        "machine": machine_record(),
         "direct_ttft_ms": ms(direct), "router_ttft_ms": ms(routed),
     }
     result["meets_target"] = result["overhead_p50_ms"] <= 3.0

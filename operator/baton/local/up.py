@@ -69,6 +69,14 @@ def catch_stop_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
+def cpu_line() -> str:
+    """What the workers' `--dtype auto` means on this machine, and why."""
+    from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
+
+    dtype, why = auto_cpu_dtype(this_cpu())
+    return f"CPU: {this_cpu().describe()}; --dtype auto runs {dtype} here ({why})"
+
+
 def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     catch_stop_signals(stop)
@@ -77,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"baton up: {e}", file=sys.stderr)
         return 2
+    print(cpu_line(), flush=True)
     stack = LocalStack(spec_from_args(args))
     try:
         stack.start()

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
+
 ROLES = ("prefill", "decode", "both")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -70,7 +72,7 @@ class EngineConfig:
     """How the engine runs. `None` model means the bundled SmolLM2-135M-Instruct."""
 
     model: str | None = None
-    dtype: str = "auto"  # auto = bfloat16 (CPU and GPU)
+    dtype: str = "auto"  # auto = bfloat16 on GPUs and on CPUs with bf16 in hardware, else float32
     device: str = "auto"  # auto = cuda when available, else cpu
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
@@ -100,12 +102,19 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be positive")
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
+        return self.dtype_choice(device)[0]
+
+    def dtype_choice(self, device: torch.device) -> tuple[torch.dtype, str]:
+        """The dtype to run in, and why (for the log)."""
         if self.dtype == "auto":
-            return torch.bfloat16
+            if device.type != "cpu":
+                return torch.bfloat16, f"auto on {device.type}"
+            name, why = auto_cpu_dtype(this_cpu())
+            return DTYPES[name], f"auto on {this_cpu().describe()}: {why}"
         dtype = DTYPES[self.dtype]
         if dtype == torch.float16 and device.type == "cpu":
             raise ValueError("float16 is only supported on GPU; use bfloat16 or float32 on CPU")
-        return dtype
+        return dtype, "asked for"
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

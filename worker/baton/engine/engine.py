@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Sequence as Seq
 
@@ -17,6 +18,8 @@ from baton.engine.sampling import SamplingParams, sample
 from baton.engine.scheduler import Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
 from baton.engine.stopping import StopChecker
+
+log = logging.getLogger(__name__)
 
 Prompt = str | list[int]
 
@@ -34,7 +37,8 @@ class Engine:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         self.device = self.config.torch_device()
-        self.dtype = self.config.torch_dtype(self.device)
+        self.dtype, why = self.config.dtype_choice(self.device)
+        log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), why)
         source = load_source(model)
         self.model_name = source.name
         self.model_config = source.config

@@ -1,0 +1,77 @@
+"""`--dtype auto` follows the CPU's bf16 instructions, read from /proc/cpuinfo's text."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baton.engine.config import EngineConfig
+from baton.engine.cpu_features import auto_cpu_dtype, parse_cpuinfo, this_cpu
+
+from .conftest import make_engine
+
+# Trimmed from real /proc/cpuinfo files: two processors each, as Linux prints them.
+SAPPHIRE_RAPIDS = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+CASCADE_LAKE = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz
+flags\t\t: fpu sse2 avx2 fma avx512f avx512dq avx512_vnni
+"""
+ZEN4 = """processor\t: 0
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16
+"""
+GRAVITON3 = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd sve bf16 i8mm
+CPU part\t: 0xd40
+"""
+
+
+@pytest.mark.parametrize("text, arch, model, dtype", [
+    (SAPPHIRE_RAPIDS, "x86_64", "Intel(R) Xeon(R) Platinum 8480+", "bfloat16"),
+    (ZEN4, "x86_64", "AMD EPYC 9R14", "bfloat16"),
+    (CASCADE_LAKE, "x86_64", "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz", "float32"),
+    (GRAVITON3, "aarch64", "unknown CPU", "float32"),  # Arm's bf16 is not measured here
+])
+def test_auto_means_bf16_only_with_bf16_in_hardware(text, arch, model, dtype):
+    cpu = parse_cpuinfo(text, arch)
+    assert cpu.model == model
+    chosen, why = auto_cpu_dtype(cpu)
+    assert chosen == dtype
+    assert why.startswith("bf16 in hardware" if dtype == "bfloat16" else "no bf16 in hardware")
+
+
+def test_the_description_names_the_flags_that_decide():
+    cpu = parse_cpuinfo(SAPPHIRE_RAPIDS, "x86_64")
+    assert cpu.notable_flags == ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
+                                 "amx_tile", "amx_bf16", "amx_int8"]
+    assert cpu.describe().startswith("Intel(R) Xeon(R) Platinum 8480+ (x86_64; avx2")
+    assert "sse2" in cpu.as_record()["flags"] and "sse2" not in cpu.as_record()["notable_flags"]
+    bare = parse_cpuinfo("processor\t: 0\n", "x86_64")
+    assert bare.model == "unknown CPU" and "none of avx2" in bare.describe()
+
+
+def test_engine_config_takes_the_cpus_choice_and_says_why():
+    dtype, why = EngineConfig().dtype_choice(torch.device("cpu"))
+    expected, reason = auto_cpu_dtype(this_cpu())
+    assert str(dtype) == f"torch.{expected}" and reason in why and this_cpu().model in why
+    assert EngineConfig(dtype="float32").dtype_choice(torch.device("cpu")) == (torch.float32, "asked for")
+    assert EngineConfig(dtype="bfloat16").torch_dtype(torch.device("cpu")) == torch.bfloat16
+    assert EngineConfig().dtype_choice(torch.device("cuda"))[0] == torch.bfloat16
+    with pytest.raises(ValueError, match="float16 is only supported on GPU"):
+        EngineConfig(dtype="float16").torch_dtype(torch.device("cpu"))
+
+
+def test_the_engine_logs_its_dtype_and_the_cpu(caplog):
+    with caplog.at_level("INFO", logger="baton.engine.engine"):
+        engine = make_engine(dtype="auto", num_kv_blocks=16)
+    expected, reason = auto_cpu_dtype(this_cpu())
+    assert engine.dtype == getattr(torch, expected)
+    assert f"dtype {expected} (auto on {this_cpu().describe()}: {reason})" in caplog.text

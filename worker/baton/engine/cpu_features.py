@@ -1,0 +1,69 @@
+"""What this CPU can do, read at run time, and the dtype `auto` means on it.
+
+bf16 only pays on a CPU that multiplies it in hardware: AMX tiles or AVX512-BF16 dot
+products. Elsewhere torch and MKL emulate it, and a bf16 decode step runs 2-3x slower than
+fp32 (measured on an AVX-512F Xeon without either). No machine has been measured for
+Arm's bf16 extensions here, so `auto` keeps fp32 on them.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+# The x86 flags that decide a dtype or a kernel, in the order a log line names them.
+NOTABLE_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                 "amx_tile", "amx_bf16", "amx_int8")
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    architecture: str
+    flags: frozenset[str]
+
+    @property
+    def notable_flags(self) -> list[str]:
+        return [flag for flag in NOTABLE_FLAGS if flag in self.flags]
+
+    def describe(self) -> str:
+        flags = ", ".join(self.notable_flags) or "none of " + ", ".join(NOTABLE_FLAGS[:3])
+        return f"{self.model} ({self.architecture}; {flags})"
+
+    def as_record(self) -> dict:
+        """For a benchmark's JSON: the model, the flags that matter, and every flag."""
+        return {"model": self.model, "architecture": self.architecture,
+                "notable_flags": self.notable_flags, "flags": sorted(self.flags)}
+
+
+def parse_cpuinfo(text: str, architecture: str) -> CpuInfo:
+    """The first processor's model name and feature flags from /proc/cpuinfo's text."""
+    model, flags = "", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "Model") and not model:
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = frozenset(value.split())
+    return CpuInfo(model or "unknown CPU", architecture, flags)
+
+
+@functools.cache
+def this_cpu() -> CpuInfo:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no flags to go by, so nothing is assumed
+        return CpuInfo(platform.processor() or "unknown CPU", platform.machine(), frozenset())
+    return parse_cpuinfo(text, platform.machine())
+
+
+def auto_cpu_dtype(cpu: CpuInfo) -> tuple[str, str]:
+    """(dtype name, why) for `--dtype auto` on this CPU."""
+    found = [flag for flag in BF16_FLAGS if flag in cpu.flags]
+    if found:
+        return "bfloat16", f"bf16 in hardware ({', '.join(found)})"
+    return "float32", f"no bf16 in hardware (neither {' nor '.join(BF16_FLAGS)}): bf16 would be emulated"
