@@ -99,3 +99,15 @@ def test_fixed_split_longer_outputs_never_more_prefill(rate, in_len, o1, o2, hit
     x_short = sizing.best_fixed_split(_load(rate, in_len, low, hit), 32).prefill_workers
     x_long = sizing.best_fixed_split(_load(rate, in_len, high, hit), 32).prefill_workers
     assert x_long <= x_short
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.1, 3000.0), st.floats(50.0, 8000.0), st.floats(10.0, 2000.0), st.floats(0.0, 0.9),
+       st.floats(1e-5, 1e-3), st.integers(2, 400))
+def test_best_fixed_split_is_the_best_assessed_split(rate, in_len, out_len, hit, per_seq, workers):
+    load = _load(rate, in_len, out_len, hit)
+    load = sizing.FleetLoad(**{**load.__dict__, "step_per_seq_s": per_seq})
+    every = [sizing.assess_split(load, x, workers - x) for x in range(1, workers)]
+    pool = [a for a in every if a.meets_slo] or every
+    expected = max(pool, key=lambda a: (a.headroom, -a.prefill_workers))
+    assert sizing.best_fixed_split(load, workers) == expected

@@ -263,22 +263,43 @@ def assess_split(load: FleetLoad, prefill_workers: int, decode_workers: int) -> 
     Decode concurrency solves Little's law with the step time at the batch it produces:
     C = lambda (TTFT + L_out (a + b C / y))  =>  C = lambda (TTFT + L_out a) / (1 - lambda L_out b / y).
     """
-    x, y = prefill_workers, decode_workers
-    rho_p = load.prefill_demand / (x * load.prefill_supply) if x > 0 else math.inf
-    ttft = predicted_ttft(load.prefill_service_s, rho_p, load.exposed_transfer_s) if x > 0 else math.inf
-    if y <= 0 or not math.isfinite(ttft):
-        concurrency, tpot = math.inf, math.inf
-    else:
-        drain = 1.0 - load.arrival_rate * load.output_len * load.step_per_seq_s / y
-        if drain <= 0:
-            concurrency = math.inf
+    return _SplitModel(load).assess(prefill_workers, decode_workers)
+
+
+class _SplitModel:
+    """`assess_split` with the load's own terms computed once, so scanning every split of a
+    fleet of thousands costs a few float operations per split."""
+
+    def __init__(self, load: FleetLoad) -> None:
+        self.load = load
+        self.demand = load.prefill_demand
+        self.service = load.prefill_service_s
+        self.cap = load.batch_cap
+        self.lam = load.arrival_rate
+        self.per_seq_load = load.arrival_rate * load.output_len * load.step_per_seq_s
+        self.intercept_time = load.output_len * load.step_intercept_s
+
+    def measures(self, x: int, y: int) -> tuple[float, float, float, float, float]:
+        """(rho_P, rho_D, TTFT, TPOT, C) of the split x, y."""
+        load = self.load
+        rho_p = self.demand / (x * load.prefill_supply) if x > 0 else math.inf
+        ttft = predicted_ttft(self.service, rho_p, load.exposed_transfer_s) if x > 0 else math.inf
+        if y <= 0 or not math.isfinite(ttft):
+            concurrency, tpot = math.inf, math.inf
         else:
-            concurrency = load.arrival_rate * (ttft + load.output_len * load.step_intercept_s) / drain
-        tpot = load.step_intercept_s + load.step_per_seq_s * concurrency / y
-    cap = load.batch_cap
-    rho_d = concurrency / (y * cap) if y > 0 and cap > 0 else math.inf
-    meets = ttft <= load.ttft_slo_s and tpot <= load.tpot_slo_s and rho_d <= 1.0
-    return SplitAssessment(x, y, rho_p, rho_d, ttft, tpot, concurrency, 1.0 - max(rho_p, rho_d), meets)
+            drain = 1.0 - self.per_seq_load / y
+            concurrency = self.lam * (ttft + self.intercept_time) / drain if drain > 0 else math.inf
+            tpot = load.step_intercept_s + load.step_per_seq_s * concurrency / y
+        rho_d = concurrency / (y * self.cap) if y > 0 and self.cap > 0 else math.inf
+        return rho_p, rho_d, ttft, tpot, concurrency
+
+    def meets(self, rho_d: float, ttft: float, tpot: float) -> bool:
+        return ttft <= self.load.ttft_slo_s and tpot <= self.load.tpot_slo_s and rho_d <= 1.0
+
+    def assess(self, x: int, y: int) -> SplitAssessment:
+        rho_p, rho_d, ttft, tpot, concurrency = self.measures(x, y)
+        return SplitAssessment(x, y, rho_p, rho_d, ttft, tpot, concurrency, 1.0 - max(rho_p, rho_d),
+                               self.meets(rho_d, ttft, tpot))
 
 
 def best_fixed_split(load: FleetLoad, total_workers: int, min_prefill: int = 1, min_decode: int = 1) -> SplitAssessment:
@@ -288,15 +309,17 @@ def best_fixed_split(load: FleetLoad, total_workers: int, min_prefill: int = 1, 
     When no split meets the SLOs the least overloaded one is returned (meets_slo False).
     Ties go to fewer prefill workers, keeping decode (which holds live sessions) larger.
     """
-    candidates = [
-        assess_split(load, x, total_workers - x)
-        for x in range(min_prefill, total_workers - min_decode + 1)
-    ]
-    if not candidates:
+    model = _SplitModel(load)
+    best_key, best_x = None, None
+    for x in range(min_prefill, total_workers - min_decode + 1):
+        rho_p, rho_d, ttft, tpot, _ = model.measures(x, total_workers - x)
+        # Meeting splits first, then headroom; ">" keeps the first (fewest prefill) of ties.
+        key = (model.meets(rho_d, ttft, tpot), 1.0 - max(rho_p, rho_d))
+        if best_key is None or key > best_key:
+            best_key, best_x = key, x
+    if best_x is None:
         raise ValueError(f"cannot split {total_workers} workers with minimums {min_prefill}/{min_decode}")
-    meeting = [c for c in candidates if c.meets_slo]
-    pool = meeting or candidates
-    return max(pool, key=lambda c: (c.headroom, -c.prefill_workers))
+    return model.assess(best_x, total_workers - best_x)
 
 
 def elastic_pool_sizes(
