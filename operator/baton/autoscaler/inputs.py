@@ -77,10 +77,12 @@ class PolicyConfig:
 
     ttft_slo_s, tpot_slo_s: latency objectives; prefill_utilisation, decode_utilisation:
     planned fraction of capacity (elastic sizing); prefill_bounds, decode_bounds: (min, max)
-    workers per pool; persist_periods: periods a change must be wanted before acting;
-    urgent_gain: headroom gain that acts at once; min_gain: gain below which we hold;
-    cooldown_s: quiet time after an action; max_conversions_in_flight: concurrent
-    conversions allowed.
+    workers per pool; persist_periods: periods a change in the same direction must be
+    wanted before acting; urgent_gain: headroom gain that acts at once; min_gain: gain below
+    which we hold (headroom is relative, so the margin is the same share of any fleet);
+    cooldown_s: quiet time after an action; conversion_share: share of the source pool that
+    may convert at once (at least one worker); max_conversions_in_flight: an absolute cap on
+    concurrent conversions, the disruption budget (None: the share alone bounds them).
     """
 
     ttft_slo_s: float = 2.0
@@ -94,7 +96,18 @@ class PolicyConfig:
     urgent_gain: float = 0.25
     min_gain: float = 0.03
     cooldown_s: float = 60.0
-    max_conversions_in_flight: int = 1
+    # 5%: the pool losing workers is the one with capacity to spare, and a fleet planned at
+    # 80-90% utilisation keeps 10-20% headroom, so taking 5% of it out of service at once
+    # cannot overload it even if the shift was misjudged. Below 20 workers this is one.
+    conversion_share: float = 0.05
+    max_conversions_in_flight: int | None = None
+
+    def conversion_limit(self, source_pool: int) -> int:
+        """Conversions allowed in flight at once when converting out of `source_pool` workers."""
+        limit = max(1, math.floor(self.conversion_share * source_pool + 1e-9))
+        if self.max_conversions_in_flight is not None:
+            limit = min(limit, self.max_conversions_in_flight)
+        return limit
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,13 @@ class Decision:
     explanation: str
     inputs: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def conversions(self) -> int:
+        """Workers this decision converts (role changes only; 0 for hold and scaling)."""
+        if self.action in (Action.CONVERT_DECODE_TO_PREFILL, Action.CONVERT_PREFILL_TO_DECODE):
+            return abs(self.target[0] - self.current[0])
+        return 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

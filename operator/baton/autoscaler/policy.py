@@ -28,8 +28,12 @@ class SizingPolicy:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
-        self._streak_target: tuple[int, int] | None = None
+        # The streak is keyed by direction (a conversion) or by the wanted sizes (scaling): a
+        # large fleet's wanted split moves by a worker or two between periods while the shift
+        # itself persists. `_streak_shift` is the smallest shift wanted during the streak.
+        self._streak_key: object = None
         self._streak = 0
+        self._streak_shift = 0
         self._last_action_s = -math.inf
         self._reference: Observation | None = None
 
@@ -59,7 +63,7 @@ class SizingPolicy:
             desired, outputs = self._fixed_fleet_target(load, current)
         else:
             desired, outputs = self._elastic_target(load, current)
-        action, target = self._step_towards(current, desired)
+        action = self._direction(current, desired)
         drivers = self._drivers(obs)
         wanted = f"{_split(current)} -> {_split(desired)}"
         pressure = (
@@ -67,7 +71,7 @@ class SizingPolicy:
             f"{outputs['decode_utilisation']:.2f} of capacity"
         )
 
-        hold_reason = self._hold_reason(obs, action, desired, outputs)
+        hold_reason, count = self._hold_reason(obs, action, desired, outputs)
         if hold_reason:
             return Decision(
                 Action.HOLD, current, desired, current,
@@ -77,9 +81,12 @@ class SizingPolicy:
         self._last_action_s = obs.now_s
         self._reference = obs
         self._reset_streak()
+        target = _target(current, desired, action, count)
+        workers = "one" if count == 1 else str(count)
+        plural = "" if count == 1 else "s"
         verb = {
-            Action.CONVERT_DECODE_TO_PREFILL: "convert one decode worker to prefill",
-            Action.CONVERT_PREFILL_TO_DECODE: "convert one prefill worker to decode",
+            Action.CONVERT_DECODE_TO_PREFILL: f"convert {workers} decode worker{plural} to prefill",
+            Action.CONVERT_PREFILL_TO_DECODE: f"convert {workers} prefill worker{plural} to decode",
             Action.SCALE_POOLS: f"scale pools to {_split(target)}",
         }[action]
         return Decision(
@@ -121,40 +128,57 @@ class SizingPolicy:
         return desired, _assessment_outputs(load, now, planned, gain)
 
     @staticmethod
-    def _step_towards(current: tuple[int, int], desired: tuple[int, int]) -> tuple[Action, tuple[int, int]]:
+    def _direction(current: tuple[int, int], desired: tuple[int, int]) -> Action:
         x, y = current
         if desired == current:
-            return Action.HOLD, current
+            return Action.HOLD
         if desired[0] + desired[1] != x + y:
-            return Action.SCALE_POOLS, desired
+            return Action.SCALE_POOLS
         if desired[0] > x:
-            return Action.CONVERT_DECODE_TO_PREFILL, (x + 1, y - 1)
-        return Action.CONVERT_PREFILL_TO_DECODE, (x - 1, y + 1)
+            return Action.CONVERT_DECODE_TO_PREFILL
+        return Action.CONVERT_PREFILL_TO_DECODE
 
-    def _hold_reason(self, obs: Observation, action: Action, desired: tuple[int, int], outputs: dict) -> str:
+    def _hold_reason(self, obs: Observation, action: Action, desired: tuple[int, int],
+                     outputs: dict) -> tuple[str, int]:
+        """Why to hold (empty: act), and how many workers to convert when acting."""
         cfg = self.config
         if action is Action.HOLD:
             self._reset_streak()
-            return "the current split is already the best"
+            return "the current split is already the best", 0
         gain = outputs["gain"]
         if gain < cfg.min_gain:
             self._reset_streak()
-            return f"gain {gain:.3f} is inside the {cfg.min_gain:.3f} margin"
-        if desired == self._streak_target:
+            return f"gain {gain:.3f} is inside the {cfg.min_gain:.3f} margin", 0
+        converting = action is not Action.SCALE_POOLS
+        key = action if converting else desired
+        shift = abs(desired[0] - obs.prefill_workers)
+        if key == self._streak_key:
             self._streak += 1
+            self._streak_shift = min(self._streak_shift, shift)
         else:
-            self._streak_target, self._streak = desired, 1
-        if obs.conversions_in_flight >= cfg.max_conversions_in_flight:
-            return f"{obs.conversions_in_flight} conversion(s) in flight"
+            self._streak_key, self._streak, self._streak_shift = key, 1, shift
+        in_flight = obs.conversions_in_flight
+        if converting:
+            source_role, source = (("decode", obs.decode_workers) if action is Action.CONVERT_DECODE_TO_PREFILL
+                                   else ("prefill", obs.prefill_workers))
+            limit = cfg.conversion_limit(source)
+            if in_flight >= limit:
+                return (f"{in_flight} conversion(s) in flight, at the limit of {limit} for "
+                        f"{source} {source_role} workers", 0)
+        else:
+            limit = 1  # resizing waits for every conversion to finish
+            if in_flight >= limit:
+                return f"{in_flight} conversion(s) in flight", 0
         since = obs.now_s - self._last_action_s
         if since < cfg.cooldown_s:
-            return f"cooldown, {cfg.cooldown_s - since:.0f}s left"
+            return f"cooldown, {cfg.cooldown_s - since:.0f}s left", 0
         if self._streak < cfg.persist_periods and gain < cfg.urgent_gain:
-            return f"wanted for {self._streak}/{cfg.persist_periods} periods"
-        return ""
+            return f"wanted for {self._streak}/{cfg.persist_periods} periods", 0
+        # Never more than the shift wanted throughout the streak, nor than the limit leaves.
+        return "", max(1, min(self._streak_shift, limit - in_flight))
 
     def _reset_streak(self) -> None:
-        self._streak_target, self._streak = None, 0
+        self._streak_key, self._streak, self._streak_shift = None, 0, 0
 
     def _drivers(self, obs: Observation) -> str:
         """Name the inputs that moved most since the last action."""
@@ -193,6 +217,16 @@ def _assessment_outputs(load: sizing.FleetLoad, now: sizing.SplitAssessment, pla
         "desired_tpot_s": plan.tpot_s,
         "gain": gain,
     }
+
+
+def _target(current: tuple[int, int], desired: tuple[int, int], action: Action, count: int) -> tuple[int, int]:
+    """The split after this action: `count` workers moved towards `desired`, or `desired` itself."""
+    x, y = current
+    if action is Action.CONVERT_DECODE_TO_PREFILL:
+        return x + count, y - count
+    if action is Action.CONVERT_PREFILL_TO_DECODE:
+        return x - count, y + count
+    return desired
 
 
 def _split(split: tuple[int, int]) -> str:

@@ -131,17 +131,25 @@ class RayActuator:
         if decision.action not in SOURCE_ROLE:
             raise ActuationError(f"nothing to do for {decision.action.value}")
         states = await self.states()
-        worker = choose_worker(states, SOURCE_ROLE[decision.action], set(self.converting))
-        if worker is None:
-            raise ActuationError(f"no active {SOURCE_ROLE[decision.action]} worker to convert")
-        target = TARGET_ROLE[decision.action]
+        source, target = SOURCE_ROLE[decision.action], TARGET_ROLE[decision.action]
+        chosen: list[WorkerState] = []
+        for _ in range(max(1, decision.conversions)):
+            worker = choose_worker(states, source, set(self.converting) | {w.url for w in chosen})
+            if worker is None:
+                break  # fewer workers to convert than asked: carry out what can be
+            chosen.append(worker)
+        if not chosen:
+            raise ActuationError(f"no active {source} worker to convert")
+        for worker in chosen:
+            self.converting[worker.url] = target
+        # Sessions migrate only to decode workers that stay decode and are not converting.
         peers = [s.url for s in states if s.role == "decode" and s.state == "active"
-                 and s.url != worker.url and s.url not in self.converting]
-        self.converting[worker.url] = target
-        task = asyncio.create_task(self.convert(worker.url, worker.role, target, peers))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return f"converting {worker.url} from {worker.role} to {target}"
+                 and s.url not in self.converting]
+        for worker in chosen:
+            task = asyncio.create_task(self.convert(worker.url, worker.role, target, peers))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return "; ".join(f"converting {w.url} from {w.role} to {target}" for w in chosen)
 
     async def convert(self, url: str, from_role: str, target: str, peers: list[str]) -> bool:
         """Drain -> wait -> switch role. Returns whether the worker took the new role."""

@@ -126,6 +126,13 @@ class Fleet:
     def in_flight(self, fleet: int) -> int:
         return sum(1 for c in self.conversions if c.fleet == fleet)
 
+    def committed_split(self, fleet: int) -> tuple[int, int]:
+        """Workers per role counting each conversion under its target role, as actuators report."""
+        to_prefill = sum(1 for c in self.conversions if c.fleet == fleet and c.to_role == PREFILL)
+        to_decode = sum(1 for c in self.conversions if c.fleet == fleet and c.to_role == DECODE)
+        return (int(round(self.prefill_workers[fleet])) + to_prefill,
+                int(round(self.decode_workers[fleet])) + to_decode)
+
     def clone_to(self, count: int, fleet: int) -> Fleet:
         """`count` copies of fleet `fleet`'s queues, for trying splits from one state."""
         twin = Fleet(self.config, np.repeat(self.prefill_workers[fleet], count),

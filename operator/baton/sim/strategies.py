@@ -1,7 +1,7 @@
 """Three ways to split a fixed fleet over a day, run on identical traffic.
 
 - controller: `baton.autoscaler.policy.SizingPolicy` sees windowed measurements every
-  period and converts one worker at a time, paying drain and reshard time;
+  period and converts as many workers as it decides, paying drain and reshard time;
 - best static: every split x + y = N held all day, the best one kept;
 - hourly oracle: at each hour, every split is tried from the same state and the best for
   that hour is taken, re-splitting instantly and for free.
@@ -151,9 +151,9 @@ def run_controller(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: i
         ready = step_model.ready and count > 0
         context = float(rec.context[0]) if fleet.running[0].sum() > 0 else None
         line = step_model.line_at(context or float(prompt_tokens / count)) if ready else (None, None)
+        committed = fleet.committed_split(0)
         obs = Observation(
-            now_s=fleet.now_s,
-            prefill_workers=int(fleet.prefill_workers[0]), decode_workers=int(fleet.decode_workers[0]),
+            now_s=fleet.now_s, prefill_workers=committed[0], decode_workers=committed[1],
             arrival_rate=count / window_s if count else None,
             input_len=prompt_tokens / count if count else None,
             output_len=float(seen @ means_out / count) if count else None,
@@ -166,12 +166,11 @@ def run_controller(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: i
             decode_context_tokens=context,
         )
         decision = policy.decide(obs)
-        if decision.action is Action.CONVERT_DECODE_TO_PREFILL:
-            fleet.start_conversion(0, DECODE)
-        elif decision.action is Action.CONVERT_PREFILL_TO_DECODE:
-            fleet.start_conversion(0, PREFILL)
+        source = {Action.CONVERT_DECODE_TO_PREFILL: DECODE, Action.CONVERT_PREFILL_TO_DECODE: PREFILL}
+        for _ in range(decision.conversions):
+            fleet.start_conversion(0, source[decision.action])
         if decision.action is not Action.HOLD:
-            conversions += 1
+            conversions += decision.conversions
             decisions.append({"t_s": fleet.now_s, "action": decision.action.value,
                               "target": list(decision.target), "why": decision.explanation})
     trace = Trace.stack(records)
