@@ -130,3 +130,22 @@ async def test_local_split_counts_the_workers_that_did_not_answer():
             assert await actuator.pools() == PoolState(0, 1, 0, unreachable=1)
         finally:
             await actuator.aclose()
+
+
+def test_several_conversions_name_several_pods_within_the_disruption_budget():
+    from baton.autoscaler.kube_actuator import disruption_allowance
+
+    pods = [pod(f"p{i}", "prefill", created=f"2025-01-0{i + 1}T00:00:00Z") for i in range(5)]
+    pods += [pod("d0", "decode"), pod("d1", "decode", state="draining")]
+    # 7 pods at 50% round up to 4, less the one draining.
+    assert disruption_allowance("50%", pods) == 3
+    assert disruption_allowance(2, pods) == 1
+    assert disruption_allowance(None, pods) is None
+    spec = parse_spec({"image": "w", "prefill": {"replicas": 5}, "decode": {"replicas": 2}})
+    asked = decision(Action.CONVERT_PREFILL_TO_DECODE, (5, 2), (1, 6))  # four workers
+    patch = spec_patch(spec, pods, asked, allowance=3)["spec"]
+    assert patch["conversions"] == [{"pod": n, "toRole": "decode"} for n in ("p4", "p3", "p2")]
+    assert (patch["prefill"]["replicas"], patch["decode"]["replicas"]) == (2, 5)
+    assert len(spec_patch(spec, pods, asked)["spec"]["conversions"]) == 4
+    with pytest.raises(ActuationError, match="disruption budget"):
+        spec_patch(spec, pods, asked, allowance=0)

@@ -7,12 +7,14 @@ relabel) instead of deleting one pod and creating another. Scaling patches the s
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from baton.api import SpecProblem, parse_spec
 from baton.api.models import PDDeploymentSpec
 from baton.operator import labels
 from baton.operator.kube import KubeApi
+from baton.operator.manifests.names import workers_policy_name
 from baton.operator.planning import PodView, parse_time
 
 from .actuator import ActuationError
@@ -54,17 +56,55 @@ def _created(pod: PodView) -> float:
     return moment.timestamp() if moment else 0.0
 
 
-def spec_patch(spec: PDDeploymentSpec, pods: list[PodView], decision: Decision) -> dict[str, Any]:
-    """The merge patch of `spec` carrying out `decision` (pure); raises ActuationError."""
+def disruption_allowance(max_unavailable: int | str | None, pods: list[PodView]) -> int | None:
+    """Worker pods the PodDisruptionBudget still lets out of service (pure).
+
+    Its maxUnavailable (a percentage of the worker pods, rounded up as Kubernetes does) less
+    the pods not serving now (draining, resharding, starting). None: no budget to respect.
+    """
+    alive = [p for p in pods if not p.deleting and not p.dead]
+    if max_unavailable is None:
+        return None
+    if isinstance(max_unavailable, str) and max_unavailable.endswith("%"):
+        budget = math.ceil(float(max_unavailable[:-1]) / 100 * len(alive) - 1e-9)
+    else:
+        budget = int(max_unavailable)
+    return budget - sum(1 for p in alive if not p.serving)
+
+
+def spec_patch(spec: PDDeploymentSpec, pods: list[PodView], decision: Decision,
+               allowance: int | None = None) -> dict[str, Any]:
+    """The merge patch of `spec` carrying out `decision` (pure); raises ActuationError.
+
+    A decision converting k workers names k pods at once (the newest serving ones), no more
+    than the disruption `allowance` leaves; pending conversions stay in the list, so the
+    operator carries them all side by side.
+    """
     prefill, decode = decision.target
     patch: dict[str, Any] = {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}}
     if decision.action in SOURCE_ROLE:
         pending = pending_conversions(spec, pods)
-        pod = pick_pod(pods, SOURCE_ROLE[decision.action], {c["pod"] for c in pending})
-        if pod is None:
+        wanted = max(1, decision.conversions)
+        if allowance is not None:
+            if allowance <= 0:
+                raise ActuationError("the workers' disruption budget is spent by pods out of service")
+            wanted = min(wanted, allowance)
+        chosen: list[PodView] = []
+        for _ in range(wanted):
+            pod = pick_pod(pods, SOURCE_ROLE[decision.action],
+                           {c["pod"] for c in pending} | {p.name for p in chosen})
+            if pod is None:
+                break
+            chosen.append(pod)
+        if not chosen:
             raise ActuationError(f"no serving {SOURCE_ROLE[decision.action]} pod to convert")
+        # Fewer serving pods than asked: the sizes move by the conversions actually named.
+        moved = len(chosen) if decision.action is Action.CONVERT_DECODE_TO_PREFILL else -len(chosen)
+        patch["prefill"]["replicas"] = decision.current[0] + moved
+        patch["decode"]["replicas"] = decision.current[1] - moved
         # A merge patch replaces lists whole, so the pending entries are written again.
-        patch["conversions"] = [*pending, {"pod": pod.name, "toRole": TARGET_ROLE[decision.action]}]
+        patch["conversions"] = [*pending, *({"pod": p.name, "toRole": TARGET_ROLE[decision.action]}
+                                            for p in chosen)]
     elif decision.action is not Action.SCALE_POOLS:
         raise ActuationError(f"nothing to do for {decision.action.value}")
     return {"spec": patch}
@@ -96,13 +136,17 @@ class KubernetesActuator:
 
     async def apply(self, decision: Decision) -> str:
         spec, pods = await self._read()
-        patch = spec_patch(spec, pods, decision)
+        budget = await self.api.get("PodDisruptionBudget", self.namespace, workers_policy_name(self.name))
+        max_unavailable = ((budget or {}).get("spec") or {}).get("maxUnavailable")
+        patch = spec_patch(spec, pods, decision, disruption_allowance(max_unavailable, pods))
         await self.api.patch("PDDeployment", self.namespace, self.name, patch)
-        prefill, decode = decision.target
-        converted = patch["spec"].get("conversions")
-        if converted:
-            last = converted[-1]
-            return f"asked the operator to convert pod {last['pod']} to {last['toRole']}"
+        sizes = patch["spec"]
+        prefill, decode = sizes["prefill"]["replicas"], sizes["decode"]["replicas"]
+        pending = {c["pod"] for c in pending_conversions(spec, pods)}
+        new = [c for c in sizes.get("conversions", []) if c["pod"] not in pending]
+        if new:
+            names = ", ".join(c["pod"] for c in new)
+            return f"asked the operator to convert pod(s) {names} to {new[0]['toRole']}"
         return f"set pools to {prefill} prefill and {decode} decode"
 
     async def aclose(self) -> None:

@@ -6,6 +6,8 @@ import base64
 import secrets
 from typing import Any
 
+from baton.autoscaler.inputs import PolicyConfig
+
 from .. import labels
 from .names import router_service_name, secret_name, workers_policy_name
 from .workers import TOKEN_KEY
@@ -24,15 +26,24 @@ def internal_token_secret(deployment: str, token: str | None = None) -> dict[str
     }
 
 
+def disruption_budget(share: float = PolicyConfig.conversion_share) -> str:
+    """The PDB's maxUnavailable for a conversion share, as a percentage of the workers."""
+    return f"{share * 100:g}%"
+
+
 def worker_disruption_budget(deployment: str) -> dict[str, Any]:
-    # One voluntary eviction at a time: each pool loses at most one worker to node drains.
+    """Voluntary evictions limited to the share of workers the autoscaler converts at once.
+
+    Kubernetes rounds a percentage up, so a small fleet still allows one; the policy's own
+    limit (that share of the source pool, rounded down) always fits inside this budget.
+    """
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": workers_policy_name(deployment),
                      "labels": labels.common(deployment, labels.WORKER)},
         "spec": {
-            "maxUnavailable": 1,
+            "maxUnavailable": disruption_budget(),
             "selector": {"matchLabels": labels.selector(deployment, labels.WORKER)},
         },
     }
