@@ -45,3 +45,25 @@ def test_simulate_json_small(capsys, tmp_path):
     assert set(report["strategies"]) == {"controller", "best_static", "hourly_oracle"}
     assert {"goodput_rps", "slo_attainment", "conversions"} <= set(report["strategies"]["controller"])
     assert plot.stat().st_size > 10_000
+
+
+def test_plan_day_for_a_fleet_size(capsys):
+    assert main(["plan", "--day", "--workers", "200", "--model", "llama-3-8b", "--utilisation", "0.85",
+                 "--ttft-slo", "1", "--json"]) == 0
+    plan = _json(capsys)
+    low, high = plan["split"]["prefill_range"]
+    assert 1 <= low < high <= 199 and plan["split"]["decode_range"] == [200 - high, 200 - low]
+    conversions, budget = plan["conversions"], plan["disruption_budget"]
+    # Following the drift takes at least the distance the best split travels each way.
+    assert conversions["per_day"] >= 2 * (high - low) - 2
+    assert conversions["peak_per_hour"] == max(conversions["per_hour"]) > 0
+    assert budget["needed_in_flight"] == max(budget["steady_in_flight"], budget["batch_at_margin"])
+    assert budget["smallest_pool"] == min(low, 200 - high)
+    assert budget["policy_limit"] == max(1, int(0.05 * budget["smallest_pool"]))
+    assert budget["pdb_max_unavailable"] == "5%" and budget["pdb_pods"] == 10
+    assert budget["fits"]
+
+
+def test_plan_needs_a_workload_or_a_day():
+    with pytest.raises(SystemExit, match="--rate"):
+        main(["plan", "--input-len", "100"])

@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="h100", choices=sorted(GPUS))
     parser.add_argument("--gpus-per-worker", type=int, default=None)
     parser.add_argument("--link-gbps", type=float, default=400.0, help="prefill->decode link per worker, Gbit/s")
-    parser.add_argument("--rate", type=float, required=True, help="arrival rate, requests/s")
-    parser.add_argument("--input-len", type=float, required=True, help="mean prompt tokens")
-    parser.add_argument("--output-len", type=float, required=True, help="mean generated tokens")
+    parser.add_argument("--rate", type=float, help="arrival rate, requests/s (required without --day)")
+    parser.add_argument("--input-len", type=float, help="mean prompt tokens (required without --day)")
+    parser.add_argument("--output-len", type=float, help="mean generated tokens (required without --day)")
     parser.add_argument("--hit-rate", type=float, default=0.0, help="prefix cache hit fraction of prompt tokens")
     parser.add_argument("--local-share", type=float, default=0.0, help="share of prompt tokens prefilled on decode")
     parser.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="fixed fleet size N: also show the best x+y=N")
     parser.add_argument("--fixed-overhead", type=float, default=0.02, help="remote-path overhead O_fixed, s")
     parser.add_argument("--transfer-budget", type=float, default=0.2, help="seconds of TTFT the wire may take")
+    parser.add_argument("--day", action="store_true",
+                        help="plan the fixed fleet of --workers over `baton simulate`'s drifting day: its split, "
+                             "conversions per hour and the disruption budget they need")
+    parser.add_argument("--hours", type=float, default=24.0, help="with --day: length of the day")
+    parser.add_argument("--reshard-s", type=float, default=30.0, help="with --day: seconds a conversion reshards")
     parser.add_argument("--json", action="store_true")
 
 
@@ -143,8 +148,28 @@ def render(plan: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.day:
+        return run_day(args)
+    missing = [f"--{n.replace('_', '-')}" for n in ("rate", "input_len", "output_len") if getattr(args, n) is None]
+    if missing:
+        raise SystemExit(f"baton plan: {', '.join(missing)} required (or --day with --workers)")
     plan = build_plan(args)
     print(json.dumps(_json_safe(plan), indent=2) if args.json else render(plan))
+    return 0
+
+
+def run_day(args: argparse.Namespace) -> int:
+    from baton.sim.fleet_plan import day_plan, render_day
+    from baton.sim.hardware import worker_perf
+    from baton.sim.scoring import Slo
+
+    if not args.workers:
+        raise SystemExit("baton plan --day: --workers required")
+    link = args.link_gbps * 1e9 / 8 if args.link_gbps else None
+    perf = worker_perf(args.model, args.gpu, args.gpus_per_worker, link)
+    plan = day_plan(perf, args.workers, args.utilisation, Slo(args.ttft_slo, args.tpot_slo), args.hours,
+                    args.reshard_s)
+    print(json.dumps(plan, indent=2) if args.json else render_day(plan))
     return 0
 
 

@@ -31,14 +31,20 @@ class Outcome:
     score: Score
     conversions: int = 0
     decisions: list[dict] = field(default_factory=list)
+    peak_in_flight: int = 0  # most conversions under way at once (the disruption they needed)
 
     def summary(self, duration_s: float) -> dict:
         arrived, good = float(self.score.arrived[:, 0].sum()), float(self.score.good[:, 0].sum())
+        per_hour: dict[int, int] = {}
+        for d in self.decisions:
+            per_hour[int(d["t_s"] // 3600)] = per_hour.get(int(d["t_s"] // 3600), 0) + d.get("count", 0)
         return {
             "goodput_rps": good / duration_s,
             "throughput_rps": arrived / duration_s,
             "slo_attainment": good / max(1.0, arrived),
             "conversions": self.conversions,
+            "peak_conversions_in_flight": self.peak_in_flight,
+            "peak_conversions_per_hour": max(per_hour.values(), default=0),
             "mean_ttft_s": float(np.average(self.score.mean_ttft_s[:, 0], weights=self.score.arrived[:, 0] + 1e-12)),
             "mean_tpot_s": float(np.average(self.score.mean_tpot_s[:, 0], weights=self.score.arrived[:, 0] + 1e-12)),
         }
@@ -131,7 +137,7 @@ def run_controller(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: i
     means_out = np.array([c.mean_output for c in classes])
     hits = np.array([c.hit_rate for c in classes])
     service = config.service_s
-    records, decisions, conversions = [], [], 0
+    records, decisions, conversions, peak = [], [], 0, 0
     for t in range(len(ticks.times)):
         rec = fleet.step(ticks.arrivals[t])
         records.append(rec)
@@ -169,12 +175,13 @@ def run_controller(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: i
         source = {Action.CONVERT_DECODE_TO_PREFILL: DECODE, Action.CONVERT_PREFILL_TO_DECODE: PREFILL}
         for _ in range(decision.conversions):
             fleet.start_conversion(0, source[decision.action])
+        peak = max(peak, fleet.in_flight(0))
         if decision.action is not Action.HOLD:
             conversions += decision.conversions
-            decisions.append({"t_s": fleet.now_s, "action": decision.action.value,
+            decisions.append({"t_s": fleet.now_s, "action": decision.action.value, "count": decision.conversions,
                               "target": list(decision.target), "why": decision.explanation})
     trace = Trace.stack(records)
-    return Outcome("controller", trace, scorer.score(trace, ticks.arrivals), conversions, decisions)
+    return Outcome("controller", trace, scorer.score(trace, ticks.arrivals), conversions, decisions, peak)
 
 
 def _column(score: Score, k: int) -> Score:
