@@ -33,7 +33,8 @@ class Observation:
     cache hit fraction of prompt tokens; prefill_supply: prompt tok/s one prefill worker
     computes while busy; step_intercept_s, step_per_seq_s: decode step line t(B) = a + b*B
     at the current context (from `DecodeStepModel.line_at`); kv_capacity_tokens: per decode
-    worker; prefill_workers, decode_workers: active workers per role now;
+    worker; prefill_workers, decode_workers: the committed split (each conversion in flight
+    counted under its target role, as the actuators report it);
     conversions_in_flight: workers draining or resharding; now_s: loop clock in seconds;
     local_share: share of uncached prompt tokens prefilled on decode workers;
     exposed_transfer_s: measured handoff time left on the critical path;
