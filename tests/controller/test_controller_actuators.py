@@ -149,3 +149,25 @@ def test_several_conversions_name_several_pods_within_the_disruption_budget():
     assert len(spec_patch(spec, pods, asked)["spec"]["conversions"]) == 4
     with pytest.raises(ActuationError, match="disruption budget"):
         spec_patch(spec, pods, asked, allowance=0)
+
+
+@pytest.mark.asyncio
+async def test_local_actuator_runs_several_conversions_side_by_side():
+    workers = [FakeWorker("prefill", drain_polls=3) for _ in range(3)] + [FakeWorker("decode")]
+    for worker in workers:
+        await worker.start()
+    actuator = RayActuator([w.url for w in workers], token="secret", poll_s=0.01)
+    try:
+        done = await actuator.apply(decision(Action.CONVERT_PREFILL_TO_DECODE, (3, 1), (1, 3)))
+        assert done.count("to decode") == 2
+        assert await actuator.pools() == PoolState(1, 3, 2)  # committed split, both in flight
+        await actuator.wait_idle()
+        assert await actuator.pools() == PoolState(1, 3, 0)
+    finally:
+        await actuator.aclose()
+        for worker in workers:
+            await worker.stop()
+    converted = [w for w in workers[:3] if w.metrics.role == "decode"]
+    assert len(converted) == 2
+    for worker in converted:  # sessions go only to the decode worker that stays decode
+        assert worker.calls[0][2] == {"peers": [workers[3].url]}
