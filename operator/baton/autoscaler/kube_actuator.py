@@ -13,7 +13,7 @@ from typing import Any
 from baton.api import SpecProblem, parse_spec
 from baton.api.models import PDDeploymentSpec
 from baton.operator import labels
-from baton.operator.kube import KubeApi
+from baton.operator.kube import ApiError, KubeApi
 from baton.operator.manifests.names import workers_policy_name
 from baton.operator.planning import PodView, parse_time
 
@@ -136,8 +136,11 @@ class KubernetesActuator:
 
     async def apply(self, decision: Decision) -> str:
         spec, pods = await self._read()
-        budget = await self.api.get("PodDisruptionBudget", self.namespace, workers_policy_name(self.name))
-        max_unavailable = ((budget or {}).get("spec") or {}).get("maxUnavailable")
+        try:
+            budget = await self.api.get("PodDisruptionBudget", self.namespace, workers_policy_name(self.name))
+            max_unavailable = ((budget or {}).get("spec") or {}).get("maxUnavailable")
+        except ApiError:
+            max_unavailable = 1  # the budget cannot be read: one conversion at a time is safe
         patch = spec_patch(spec, pods, decision, disruption_allowance(max_unavailable, pods))
         await self.api.patch("PDDeployment", self.namespace, self.name, patch)
         sizes = patch["spec"]
