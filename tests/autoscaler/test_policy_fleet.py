@@ -80,3 +80,49 @@ def test_small_fleet_still_converts_one_at_a_time():
     decision = SizingPolicy(_config(persist_periods=1)).decide(_obs(30, 12, 4, small))
     assert 12 - decision.desired[0] > 1  # more than one worker is wanted
     assert decision.conversions == 1 and decision.target == (11, 5)
+
+
+def _after_action(config, conversion_s=None, in_flight=5):
+    """A policy that acted at t=30 (20 prefill workers to decode), and its answers at each later
+    period while `in_flight` of them are still converting (fewer than the limit of 19)."""
+    policy = SizingPolicy(config)
+    assert policy.decide(_obs(30, 400, 600)).conversions == 20
+    return {t: policy.decide(_obs(t, 380, 620, conversions_in_flight=in_flight, conversion_s=conversion_s))
+            for t in range(60, 240, 30)}
+
+
+def test_quiet_time_follows_the_time_to_convert():
+    answers = _after_action(_config(persist_periods=1, cooldown_s=30.0), conversion_s=125.0)
+    # Converting takes 125 s: the policy waits for it, past the 30 s floor.
+    assert [answers[t].action for t in (60, 90, 120, 150)] == [Action.HOLD] * 4
+    assert "converting takes 125s, 35s left" in answers[120].explanation
+    assert answers[180].action is Action.CONVERT_PREFILL_TO_DECODE  # 150 s after the action
+    # The same fleet with a 50 s conversion acts after 60 s, the next period past it.
+    quick = _after_action(_config(persist_periods=1, cooldown_s=30.0), conversion_s=50.0)
+    assert quick[60].action is Action.HOLD and quick[90].action is Action.CONVERT_PREFILL_TO_DECODE
+
+
+def test_configured_estimate_stands_in_until_a_conversion_is_measured():
+    config = _config(persist_periods=1, cooldown_s=30.0, conversion_estimate_s=100.0)
+    answers = _after_action(config)
+    assert answers[120].action is Action.HOLD and "converting takes 100s" in answers[120].explanation
+    assert answers[150].action is Action.CONVERT_PREFILL_TO_DECODE
+    measured = _after_action(config, conversion_s=20.0)  # a measurement replaces the estimate
+    assert measured[60].action is Action.CONVERT_PREFILL_TO_DECODE
+
+
+def test_cooldown_is_a_floor_under_a_quick_conversion():
+    answers = _after_action(_config(persist_periods=1, cooldown_s=120.0), conversion_s=5.0)
+    assert [answers[t].action for t in (60, 90, 120)] == [Action.HOLD] * 3
+    assert "cooldown, 30s left" in answers[120].explanation
+    assert answers[150].action is Action.CONVERT_PREFILL_TO_DECODE  # 120 s after the action
+    assert PolicyConfig(cooldown_s=10.0).quiet_s(4.0, 1) == 10.0
+
+
+def test_finished_conversions_leave_the_floor_alone():
+    # Nothing in flight: the conversions have taken effect however long they were expected to
+    # take, so a small fleet (one conversion at a time) waits no longer than its cooldown.
+    answers = _after_action(_config(persist_periods=1, cooldown_s=30.0, conversion_estimate_s=300.0),
+                            conversion_s=300.0, in_flight=0)
+    assert answers[60].action is Action.CONVERT_PREFILL_TO_DECODE
+    assert PolicyConfig(cooldown_s=10.0, conversion_estimate_s=60.0).quiet_s(None, 0) == 10.0

@@ -39,6 +39,9 @@ class Observation:
     local_share: share of uncached prompt tokens prefilled on decode workers;
     exposed_transfer_s: measured handoff time left on the critical path;
     decode_context_tokens: measured KV tokens per running session (None: use L_in + L_out/2);
+    conversion_s: seconds a conversion takes to take effect (drain + reshard until the worker
+    serves in its new role), as measured on recent conversions or known for those started
+    (None: not known, the configured estimate stands in);
     unreachable_workers: workers that did not answer this period, for their role or their
     metrics (the split or the traffic is a guess);
     carried: traffic inputs this window did not measure (no request finished in it while
@@ -60,6 +63,7 @@ class Observation:
     local_share: float = 0.0
     exposed_transfer_s: float = 0.0
     decode_context_tokens: float | None = None
+    conversion_s: float | None = None
     unreachable_workers: int = 0
     carried: tuple[str, ...] = ()
 
@@ -81,7 +85,10 @@ class PolicyConfig:
     workers per pool; persist_periods: periods a change in the same direction must be
     wanted before acting; urgent_gain: headroom gain that acts at once; min_gain: gain below
     which we hold (headroom is relative, so the margin is the same share of any fleet);
-    cooldown_s: quiet time after an action; conversion_share: share of the source pool that
+    cooldown_s: the least quiet time after an action; the quiet time is the longer of this
+    and the time to convert (`Observation.conversion_s`, else `conversion_estimate_s`) while
+    the action's conversions are in flight; conversion_estimate_s: the time to convert when
+    none is measured (None: the floor alone); conversion_share: share of the source pool that
     may convert at once (at least one worker); max_conversions_in_flight: an absolute cap on
     concurrent conversions, the disruption budget (None: the share alone bounds them).
     """
@@ -97,6 +104,7 @@ class PolicyConfig:
     urgent_gain: float = 0.25
     min_gain: float = 0.03
     cooldown_s: float = 60.0
+    conversion_estimate_s: float | None = None
     # 5%: the pool losing workers is the one with capacity to spare, and a fleet planned at
     # 80-90% utilisation keeps 10-20% headroom, so taking 5% of it out of service at once
     # cannot overload it even if the shift was misjudged. Below 20 workers this is one.
@@ -109,6 +117,15 @@ class PolicyConfig:
         if self.max_conversions_in_flight is not None:
             limit = min(limit, self.max_conversions_in_flight)
         return limit
+
+    def quiet_s(self, conversion_s: float | None, in_flight: int) -> float:
+        """Quiet time after an action: the floor `cooldown_s`, or longer while conversions are
+        in flight and converting takes longer (measured, else the configured estimate). Once
+        none is in flight they have taken effect, and the floor alone remains."""
+        if in_flight <= 0:
+            return self.cooldown_s
+        converting = conversion_s if _known(conversion_s) else self.conversion_estimate_s
+        return max(self.cooldown_s, converting or 0.0)
 
 
 @dataclass(frozen=True)

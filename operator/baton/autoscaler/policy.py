@@ -2,7 +2,9 @@
 
 Pure apart from its own memory (streak of wanted changes, time of the last action, the
 observation at that action): it never reads a clock or a metric itself, so a live loop,
-the simulator and the tests drive the same object with their own time and data.
+the simulator and the tests drive the same object with their own time and data. The quiet
+time after an action is in the fleet's terms: at least the configured cooldown, and while
+the action's conversions are in flight, the time a conversion takes to take effect.
 """
 
 from __future__ import annotations
@@ -170,8 +172,10 @@ class SizingPolicy:
             if in_flight >= limit:
                 return f"{in_flight} conversion(s) in flight", 0
         since = obs.now_s - self._last_action_s
-        if since < cfg.cooldown_s:
-            return f"cooldown, {cfg.cooldown_s - since:.0f}s left", 0
+        quiet = cfg.quiet_s(obs.conversion_s, in_flight)
+        if since < quiet:
+            why = "cooldown" if quiet <= cfg.cooldown_s else f"converting takes {quiet:.0f}s"
+            return f"{why}, {quiet - since:.0f}s left", 0
         if self._streak < cfg.persist_periods and gain < cfg.urgent_gain:
             return f"wanted for {self._streak}/{cfg.persist_periods} periods", 0
         # Never more than the shift wanted throughout the streak, nor than the limit leaves.
