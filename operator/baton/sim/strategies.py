@@ -1,7 +1,8 @@
 """Three ways to split a fixed fleet over a day, run on identical traffic.
 
 - controller: `baton.autoscaler.policy.SizingPolicy` sees windowed measurements every
-  period and converts as many workers as it decides, paying drain and reshard time;
+  period and converts as many workers as it decides, paying drain and reshard time (which
+  it is told, as a live actuator tells it the measured duration of recent conversions);
 - best static: every split x + y = N held all day, the best one kept;
 - hourly oracle: at each hour, every split is tried from the same state and the best for
   that hour is taken, re-splitting instantly and for free.
@@ -138,6 +139,7 @@ def run_controller(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: i
     hits = np.array([c.hit_rate for c in classes])
     service = config.service_s
     records, decisions, conversions, peak = [], [], 0, 0
+    converting_s: float | None = None  # drain + reshard of the latest batch's slowest worker
     for t in range(len(ticks.times)):
         rec = fleet.step(ticks.arrivals[t])
         records.append(rec)
@@ -169,12 +171,12 @@ def run_controller(config: FleetConfig, ticks: Ticks, scorer: Scorer, workers: i
             kv_capacity_tokens=perf.kv_capacity_tokens,
             conversions_in_flight=fleet.in_flight(0),
             exposed_transfer_s=perf.exposed_transfer_s(prompt_tokens / count) if count else 0.0,
-            decode_context_tokens=context,
+            decode_context_tokens=context, conversion_s=converting_s,
         )
         decision = policy.decide(obs)
         source = {Action.CONVERT_DECODE_TO_PREFILL: DECODE, Action.CONVERT_PREFILL_TO_DECODE: PREFILL}
-        for _ in range(decision.conversions):
-            fleet.start_conversion(0, source[decision.action])
+        downtimes = [fleet.start_conversion(0, source[decision.action]) for _ in range(decision.conversions)]
+        converting_s = max(downtimes, default=converting_s)
         peak = max(peak, fleet.in_flight(0))
         if decision.action is not Action.HOLD:
             conversions += decision.conversions
