@@ -7,20 +7,29 @@ from fleet_harness import FakeWorker, running_workers
 
 from baton.api import parse_spec
 from baton.autoscaler.actuator import ActuationError
-from baton.autoscaler.estimate import PoolState
+from baton.autoscaler.estimate import ConversionTimes, PoolState
 from baton.autoscaler.inputs import Action, Decision
-from baton.autoscaler.kube_actuator import pending_conversions, pool_state, spec_patch
+from baton.autoscaler.kube_actuator import (
+    KubernetesActuator,
+    pending_conversions,
+    pool_state,
+    spec_patch,
+)
 from baton.autoscaler.ray_actuator import RayActuator, WorkerState, choose_worker, committed_split
 from baton.operator.planning import PodView
 
 
-def pod(name, role, state="active", ready=True, created="2025-01-01T00:00:00Z"):
-    return PodView.of({
+def raw_pod(name, role, state="active", ready=True, created="2025-01-01T00:00:00Z"):
+    return {
         "metadata": {"name": name, "creationTimestamp": created,
                      "labels": {"baton.dev/role": role, "baton.dev/state": state}},
         "status": {"phase": "Running", "podIP": "10.0.0.1",
                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
-    })
+    }
+
+
+def pod(name, role, state="active", ready=True, created="2025-01-01T00:00:00Z"):
+    return PodView.of(raw_pod(name, role, state, ready, created))
 
 
 def decision(action, current, target):
@@ -74,15 +83,17 @@ async def test_local_conversion_drains_with_peers_then_switches_role():
     for worker in workers:
         await worker.start()
     events = []
+    moments = iter([100.0, 104.5])  # the request, then the role switch
     actuator = RayActuator([w.url for w in workers], token="secret", poll_s=0.01,
-                           on_event=lambda reason, message: events.append(reason))
+                           on_event=lambda reason, message: events.append(reason),
+                           clock=lambda: next(moments))
     try:
         assert await actuator.pools() == PoolState(1, 2, 0)
         done = await actuator.apply(decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
         assert "to prefill" in done
         assert (await actuator.pools()).in_flight == 1
         await actuator.wait_idle()
-        assert await actuator.pools() == PoolState(2, 1, 0)
+        assert await actuator.pools() == PoolState(2, 1, 0, conversion_s=4.5)  # the measured time to convert
         with pytest.raises(ActuationError, match="no pool-scaling hook"):
             await actuator.apply(decision(Action.SCALE_POOLS, (2, 1), (2, 2)))
     finally:
@@ -162,7 +173,8 @@ async def test_local_actuator_runs_several_conversions_side_by_side():
         assert done.count("to decode") == 2
         assert await actuator.pools() == PoolState(1, 3, 2)  # committed split, both in flight
         await actuator.wait_idle()
-        assert await actuator.pools() == PoolState(1, 3, 0)
+        after = await actuator.pools()
+        assert (after.prefill, after.decode, after.in_flight) == (1, 3, 0) and after.conversion_s >= 0
     finally:
         await actuator.aclose()
         for worker in workers:
@@ -171,3 +183,53 @@ async def test_local_actuator_runs_several_conversions_side_by_side():
     assert len(converted) == 2
     for worker in converted:  # sessions go only to the decode worker that stays decode
         assert worker.calls[0][2] == {"peers": [workers[3].url]}
+
+
+class FakeKube:
+    """The PDDeployment, its worker pods and its disruption budget, as KubeApi answers them."""
+
+    def __init__(self, spec, pods):
+        self.spec, self.pods = spec, pods
+
+    async def get(self, kind, namespace, name):
+        if kind == "PDDeployment":
+            return {"spec": self.spec}
+        return {"spec": {"maxUnavailable": "50%"}}
+
+    async def list(self, kind, namespace, selector):
+        return self.pods
+
+    async def patch(self, kind, namespace, name, patch):
+        self.spec = {**self.spec, **patch["spec"]}
+
+
+@pytest.mark.asyncio
+async def test_kubernetes_actuator_times_the_conversions_it_requests():
+    kube = FakeKube({"image": "w", "prefill": {"replicas": 1}, "decode": {"replicas": 3}},
+                    [raw_pod("p1", "prefill"), raw_pod("d1", "decode"), raw_pod("d2", "decode"),
+                     raw_pod("d3", "decode", created="2025-02-01T00:00:00Z")])
+    now = [100.0]
+    actuator = KubernetesActuator(kube, "ns", "pd", clock=lambda: now[0])
+    assert (await actuator.pools()).conversion_s is None  # nothing measured yet
+    await actuator.apply(Decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 3), (3, 1), (3, 1), "because"))
+    chosen = [c["pod"] for c in kube.spec["conversions"]]
+    assert chosen == ["d3", "d2"]
+    kube.pods = [raw_pod("p1", "prefill"), raw_pod("d1", "decode"), raw_pod("d2", "decode", state="draining"),
+                 raw_pod("d3", "decode", state="draining")]
+    now[0] = 130.0
+    assert await actuator.pools() == PoolState(3, 1, in_flight=2)
+    # d3 serves as prefill 42 s after the request; d2 is deleted before it converts (not timed).
+    kube.pods = [raw_pod("p1", "prefill"), raw_pod("d1", "decode"), raw_pod("d3", "prefill")]
+    now[0] = 142.0
+    assert await actuator.pools() == PoolState(3, 1, in_flight=0, conversion_s=42.0)
+
+
+def test_conversion_times_keep_the_slowest_recent_one():
+    times = ConversionTimes(keep=2)
+    for name, begun, done in (("a", 0.0, 90.0), ("b", 10.0, 40.0), ("c", 20.0, 45.0)):
+        times.started(name, begun)
+        times.finished(name, done)
+    assert times.seconds == 30.0  # the 90 s conversion is no longer among the last two
+    times.finished("never-started", 50.0)
+    times.follow(set(), 60.0)
+    assert times.seconds == 30.0

@@ -163,6 +163,13 @@ def test_worker_capacity_is_remembered_traffic_is_not():
     assert reported.kv_capacity_tokens == 8192.0
 
 
+def test_the_actuators_time_to_convert_reaches_the_policy():
+    builder = ObservationBuilder()
+    assert builder.build(long_prompts(), PoolState(1, 2), 0.0).conversion_s is None
+    timed = builder.build(long_prompts(), PoolState(2, 1, in_flight=1, conversion_s=40.0), 30.0)
+    assert timed.conversion_s == 40.0 and timed.conversions_in_flight == 1
+
+
 def test_a_window_where_no_request_finished_carries_the_last_traffic_while_requests_run():
     builder = ObservationBuilder(shape_hold_s=20.0)
     builder.build(long_prompts(), PoolState(1, 2), 0.0)

@@ -13,6 +13,7 @@ Two kinds of input are treated differently:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from .inputs import Observation
@@ -26,12 +27,52 @@ _TRAFFIC = ("arrival_rate", "input_len", "output_len", "hit_rate")
 @dataclass(frozen=True)
 class PoolState:
     """The split the actuator considers current: committed pool sizes, conversions running,
-    and workers that did not say their role this period (then the split is not known)."""
+    and workers that did not say their role this period (then the split is not known);
+    conversion_s: how long recent conversions took to take effect (None: none measured)."""
 
     prefill: int
     decode: int
     in_flight: int = 0
     unreachable: int = 0
+    conversion_s: float | None = None
+
+
+class ConversionTimes:
+    """Durations of the conversions an actuator requested, from the request until the worker
+    serves in its new role (pure: the caller passes the time).
+
+    `seconds` is the longest of the last `keep`: a batch converting side by side takes effect
+    when its slowest worker does. A conversion whose start this actuator did not see (one
+    already under way when it started) is not timed.
+    """
+
+    def __init__(self, keep: int = 5) -> None:
+        self._started: dict[str, float] = {}
+        self._recent: deque[float] = deque(maxlen=keep)
+
+    def started(self, name: str, now_s: float) -> None:
+        self._started.setdefault(name, now_s)
+
+    def finished(self, name: str, now_s: float) -> None:
+        begun = self._started.pop(name, None)
+        if begun is not None:
+            self._recent.append(max(0.0, now_s - begun))
+
+    def abandoned(self, name: str) -> None:
+        self._started.pop(name, None)
+
+    def follow(self, in_flight: set[str], now_s: float, alive: set[str] | None = None) -> None:
+        """Those requested here and no longer in flight have finished, unless their worker is
+        gone (not among `alive`, when given): that conversion never took effect."""
+        for name in [n for n in self._started if n not in in_flight]:
+            if alive is None or name in alive:
+                self.finished(name, now_s)
+            else:
+                self.abandoned(name)
+
+    @property
+    def seconds(self) -> float | None:
+        return max(self._recent) if self._recent else None
 
 
 def mean_context_tokens(input_len: float | None, output_len: float | None) -> float | None:
@@ -124,6 +165,7 @@ class ObservationBuilder:
             step_per_seq_s=line[1],
             kv_capacity_tokens=self.kv_capacity,
             conversions_in_flight=pools.in_flight,
+            conversion_s=pools.conversion_s,
             # a worker silent to the actuator or to the metrics source: split or traffic partial
             unreachable_workers=max(pools.unreachable, snap.unanswered),
             local_share=snap.local_share or 0.0,

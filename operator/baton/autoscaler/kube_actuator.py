@@ -8,6 +8,8 @@ relabel) instead of deleting one pod and creating another. Scaling patches the s
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 from baton.api import SpecProblem, parse_spec
@@ -18,7 +20,7 @@ from baton.operator.manifests.names import workers_policy_name
 from baton.operator.planning import PodView, parse_time
 
 from .actuator import ActuationError
-from .estimate import PoolState
+from .estimate import ConversionTimes, PoolState
 from .inputs import Action, Decision
 
 SOURCE_ROLE = {Action.CONVERT_DECODE_TO_PREFILL: "decode",
@@ -111,12 +113,20 @@ def spec_patch(spec: PDDeploymentSpec, pods: list[PodView], decision: Decision,
 
 
 class KubernetesActuator:
-    """Patches one PDDeployment through the operator's own Kubernetes client."""
+    """Patches one PDDeployment through the operator's own Kubernetes client.
 
-    def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
+    It times the conversions it requests, from the patch until the pod serves in its new role
+    (seen at a period's `pools()`, so to within a period); those already pending when it
+    started are not timed.
+    """
+
+    def __init__(self, api: KubeApi, namespace: str, name: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.namespace = namespace
         self.name = name
+        self.clock = clock
+        self.times = ConversionTimes()
 
     async def _read(self) -> tuple[PDDeploymentSpec, list[PodView]]:
         body = await self.api.get("PDDeployment", self.namespace, self.name)
@@ -132,7 +142,10 @@ class KubernetesActuator:
 
     async def pools(self) -> PoolState:
         spec, pods = await self._read()
-        return pool_state(spec, pods)
+        alive = {p.name for p in pods if not p.deleting and not p.dead}
+        self.times.follow({c["pod"] for c in pending_conversions(spec, pods)}, self.clock(), alive)
+        found = pool_state(spec, pods)
+        return PoolState(found.prefill, found.decode, found.in_flight, found.unreachable, self.times.seconds)
 
     async def apply(self, decision: Decision) -> str:
         spec, pods = await self._read()
@@ -147,6 +160,8 @@ class KubernetesActuator:
         prefill, decode = sizes["prefill"]["replicas"], sizes["decode"]["replicas"]
         pending = {c["pod"] for c in pending_conversions(spec, pods)}
         new = [c for c in sizes.get("conversions", []) if c["pod"] not in pending]
+        for entry in new:
+            self.times.started(entry["pod"], self.clock())
         if new:
             names = ", ".join(c["pod"] for c in new)
             return f"asked the operator to convert pod(s) {names} to {new[0]['toRole']}"

@@ -28,7 +28,7 @@ import httpx
 from baton.server.keepalive import worker_http_client
 
 from .actuator import ActuationError
-from .estimate import PoolState
+from .estimate import ConversionTimes, PoolState
 from .inputs import Action, Decision
 
 log = logging.getLogger(__name__)
@@ -65,12 +65,14 @@ def committed_split(states: list[WorkerState], converting: dict[str, str]) -> Po
 class RayActuator:
     """workers: base URLs (or a function returning them); token: the internal token
     (default: $BATON_INTERNAL_TOKEN); drain_timeout_s: longest wait for a drain; scale: the
-    runtime's pool-resizing hook, if any; on_event(reason, message): progress reports."""
+    runtime's pool-resizing hook, if any; on_event(reason, message): progress reports;
+    clock: seconds (monotonic) for timing conversions, which `pools()` reports."""
 
     def __init__(self, workers: WorkerUrls, token: str | None = None,
                  drain_timeout_s: float = 300.0, poll_s: float = 0.5, timeout: float = 5.0,
                  scale: ScaleHook | None = None,
-                 on_event: Callable[[str, str], None] | None = None) -> None:
+                 on_event: Callable[[str, str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._workers = workers
         token = token if token is not None else os.environ.get("BATON_INTERNAL_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -81,6 +83,8 @@ class RayActuator:
         self.on_event = on_event or (lambda reason, message: log.info("%s: %s", reason, message))
         self.converting: dict[str, str] = {}  # url -> target role, while a task runs
         self._tasks: set[asyncio.Task] = set()
+        self.clock = clock
+        self.times = ConversionTimes()
 
     async def _urls(self) -> list[str]:
         if not callable(self._workers):
@@ -120,7 +124,8 @@ class RayActuator:
         if not states:
             return None
         found = committed_split(states, self.converting)
-        return replace(found, unreachable=len(set(urls) - {s.url for s in states}))
+        return replace(found, unreachable=len(set(urls) - {s.url for s in states}),
+                       conversion_s=self.times.seconds)
 
     async def apply(self, decision: Decision) -> str:
         if decision.action is Action.SCALE_POOLS:
@@ -142,6 +147,7 @@ class RayActuator:
             raise ActuationError(f"no active {source} worker to convert")
         for worker in chosen:
             self.converting[worker.url] = target
+            self.times.started(worker.url, self.clock())
         # Sessions migrate only to decode workers that stay decode and are not converting.
         peers = [s.url for s in states if s.role == "decode" and s.state == "active"
                  and s.url not in self.converting]
@@ -168,12 +174,14 @@ class RayActuator:
                     break
                 await asyncio.sleep(self.poll_s)
             await self._call("POST", url, "/internal/role", {"role": target})
+            self.times.finished(url, self.clock())
             self.on_event("ConversionFinished", f"{url}: {from_role} -> {target}")
             return True
         except ActuationError as error:
             self.on_event("ConversionFailed", f"{url}: {from_role} -> {target}: {error}")
             return False
         finally:
+            self.times.abandoned(url)  # a failed or cancelled conversion is not timed
             self.converting.pop(url, None)
 
     async def wait_idle(self) -> None:
