@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--autoscale-persist", type=int, default=PolicyConfig.persist_periods, metavar="PERIODS",
                        help="periods a change must be wanted before it is made (an urgent one acts at once)")
     group.add_argument("--autoscale-cooldown", type=float, default=PolicyConfig.cooldown_s, metavar="SECONDS",
-                       help="quiet time after a conversion")
+                       help="least quiet time after a conversion (longer while the conversion itself takes longer)")
     group.add_argument("--slo", default=None, metavar="ttft=2s,tpot=50ms",
                        help="latency objectives the sizing plans for (default: "
                             f"ttft={PolicyConfig.ttft_slo_s:g}s,tpot={PolicyConfig.tpot_slo_s * 1e3:g}ms)")
