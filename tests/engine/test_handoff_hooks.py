@@ -12,6 +12,7 @@ import torch
 
 from baton.engine import SamplingParams, handoff
 from baton.engine.block_manager import NoFreeBlocks
+from baton.engine.sampler_state import export_state
 from baton.kv.layout import gather_layer, scatter_layer
 
 from .conftest import PROMPTS, make_engine
@@ -88,6 +89,41 @@ def test_migration_mid_generation_is_seamless(prefill_engine, decode_engine, eng
     assert out.text == expected.text
     for engine in (prefill_engine, decode_engine):
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+SEEDED = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=101, ignore_eos=True)
+
+
+@pytest.mark.parametrize("carry_state", [True, False], ids=["state-on-end", "prefill-sends-none"])
+def test_seeded_prefill_here_decode_there_equals_offline(prefill_engine, decode_engine, engine_fp32,
+                                                        carry_state):
+    """The decode side continues the prefill side's random stream (its state after token 1,
+    or, from a prefill worker that sends none, the seed's stream skipped by one draw)."""
+    expected = engine_fp32.generate([PROMPTS[5]], SEEDED)[0]
+    ids = prefill_engine.tokenize(PROMPTS[5])
+    rid = f"seeded-{carry_state}"
+    blocks = handoff.reserve_remote(decode_engine, ids, SEEDED, rid, headroom_tokens=24)
+    prefill_engine.add_request(ids, SEEDED, request_id=rid, prefill_only=True)
+    first = run_until_done(prefill_engine)[rid]
+    state = export_state(prefill_engine.sequences[rid].generator) if carry_state else None
+    copy_kv(prefill_engine, prefill_engine.sequences[rid].block_table, decode_engine, blocks, len(ids))
+    handoff.commit_remote(decode_engine, rid, first.token_ids[0], sampler_state=state)
+    prefill_engine.release(rid)
+    out = run_until_done(decode_engine)[rid]
+    decode_engine.release(rid)
+    assert out.token_ids == expected.token_ids
+
+
+def test_reissue_with_seed_offset_continues_the_seeded_stream(engine_fp32):
+    """A re-issue keeps the tokens so far as prompt; seed_offset makes the new sequence's
+    generator skip their draws, so the rest is what the first attempt would have made."""
+    expected = engine_fp32.generate([PROMPTS[1]], SEEDED)[0].token_ids
+    ids = engine_fp32.tokenize(PROMPTS[1])
+    kept = 9
+    rest = SamplingParams(max_tokens=SEEDED.max_tokens - kept, temperature=0.8, top_p=0.95,
+                          seed=SEEDED.seed, seed_offset=kept, ignore_eos=True)
+    again = engine_fp32.generate([ids + expected[:kept]], rest)[0].token_ids
+    assert expected[:kept] + again == expected
 
 
 def test_reservation_refused_when_full_and_cancel_frees(decode_engine):

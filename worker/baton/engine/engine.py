@@ -14,7 +14,7 @@ from baton.engine.config import EngineConfig
 from baton.engine.loader import load_source
 from baton.engine.model_runner import ModelRunner
 from baton.engine.outputs import RequestOutput
-from baton.engine.sampling import SamplingParams, sample
+from baton.engine.sampling import SamplingParams, sample, skip_draws
 from baton.engine.scheduler import Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
 from baton.engine.stopping import StopChecker
@@ -87,7 +87,10 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
-        return Sequence(request_id, ids, params)
+        seq = Sequence(request_id, ids, params)
+        if seq.generator is not None and params.seed_offset and not params.greedy:
+            skip_draws(seq.generator, params.seed_offset, self.model_config.vocab_size)
+        return seq
 
     def _register(self, seq: Sequence) -> None:
         self.sequences[seq.request_id] = seq

@@ -13,7 +13,8 @@ import torch
 
 from baton.engine.block_manager import NoFreeBlocks
 from baton.engine.outputs import RequestOutput
-from baton.engine.sampling import SampleResult, SamplingParams
+from baton.engine.sampler_state import export_state, restore_state
+from baton.engine.sampling import SampleResult, SamplingParams, skip_draws
 from baton.engine.sequence import Sequence, SequenceStatus
 
 
@@ -37,9 +38,21 @@ def reserve_remote(engine, prompt_ids: list[int], params: SamplingParams, reques
     return list(seq.block_table)
 
 
-def commit_remote(engine, request_id: str, first_token: int, logprob: float | None = None) -> RequestOutput:
-    """Every layer of the prompt's KV has arrived: start decoding with the first token."""
+def commit_remote(engine, request_id: str, first_token: int, logprob: float | None = None,
+                  sampler_state: str | None = None) -> RequestOutput:
+    """Every layer of the prompt's KV has arrived: start decoding with the first token.
+
+    A seeded request continues from `sampler_state`, the prefill side's generator after it
+    sampled the first token. A prefill worker that sends none drew that token with one
+    draw_noise too, so the generator here skips one draw instead.
+    """
     seq = _get(engine, request_id, SequenceStatus.REMOTE)
+    if sampler_state is not None:
+        if seq.generator is None:
+            raise ValueError(f"request {request_id!r} has no seed, yet a sampler state came with it")
+        seq.generator = restore_state(sampler_state)
+    elif seq.generator is not None and not seq.params.greedy:
+        skip_draws(seq.generator, 1, engine.model_config.vocab_size)
     seq.num_computed_tokens = seq.num_prompt_tokens
     engine.blocks.register_full_blocks(seq)
     # The prompt was looked up in the prefix cache where it was prefilled: counting it here as
@@ -75,7 +88,7 @@ def export_sequence(engine, request_id: str) -> dict:
         "num_computed_tokens": seq.num_computed_tokens,
         "num_cached_tokens": seq.num_cached_tokens,
         "params": asdict(seq.params),
-        "generator_state": seq.generator.get_state().tolist() if seq.generator is not None else None,
+        "sampler_state": export_state(seq.generator),
         "logprobs": list(seq.logprobs),
         "text": engine.stop_checkers[request_id].text,
         "block_ids": list(seq.block_table),
@@ -103,7 +116,9 @@ def import_sequence(engine, state: dict, headroom_tokens: int = 16) -> list[int]
     seq.token_ids = list(state["token_ids"])
     seq.num_cached_tokens = state.get("num_cached_tokens", 0)
     seq.logprobs = list(state.get("logprobs", []))
-    if state.get("generator_state") is not None:
+    if state.get("sampler_state") is not None:
+        seq.generator = restore_state(state["sampler_state"])
+    elif state.get("generator_state") is not None:  # as workers before sampler_state sent it
         seq.generator = torch.Generator()
         seq.generator.set_state(torch.tensor(state["generator_state"], dtype=torch.uint8))
     wanted = min(seq.num_tokens + headroom_tokens, engine.max_model_len)

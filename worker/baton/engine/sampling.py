@@ -14,6 +14,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int | None = None  # per-request generator: the same seed gives the same tokens
+    # tokens already sampled under `seed` before this request (a re-issue that keeps the
+    # tokens so far as prompt): the generator skips their draws and continues after them
+    seed_offset: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)  # stop strings, cut from the text
     ignore_eos: bool = False
@@ -28,6 +31,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.seed_offset, bool) or not isinstance(self.seed_offset, int) or self.seed_offset < 0:
+            raise ValueError(f"seed_offset must be a non-negative integer, got {self.seed_offset!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
         if isinstance(self.stop, str):
@@ -59,6 +64,19 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+def draw_noise(generator: torch.Generator, vocab: int) -> torch.Tensor:
+    """The random draw behind one seeded token: `vocab` Exp(1) values, always fp32 on the CPU,
+    so a generator's state means the same on every worker whatever its device. argmax(p / q)
+    is a sample of p (what torch.multinomial computes for one sample, with the same draws)."""
+    return torch.empty(vocab, dtype=torch.float32).exponential_(generator=generator)
+
+
+def skip_draws(generator: torch.Generator, tokens: int, vocab: int) -> None:
+    """Advance a seeded generator past `tokens` sampled tokens: each took one draw_noise."""
+    for _ in range(tokens):
+        draw_noise(generator, vocab)
+
+
 def sample(
     logits: torch.Tensor,  # [B, vocab] fp32
     params: list[SamplingParams],
@@ -75,7 +93,12 @@ def sample(
         else:
             filtered = _filter_logits(logits[row] / p.temperature, p.top_k, p.top_p)
             probs = filtered.softmax(-1)
-            token = int(torch.multinomial(probs, 1, generator=generators[row]))
+            generator = generators[row]
+            if generator is None:
+                token = int(torch.multinomial(probs, 1))
+            else:
+                noise = draw_noise(generator, probs.numel())
+                token = int(torch.argmax(probs.float().cpu() / noise))
         result = SampleResult(token)
         if logprobs is not None and p.logprobs is not None:
             result.logprob = float(logprobs[row, token])
