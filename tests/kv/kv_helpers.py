@@ -62,6 +62,7 @@ class CacheSink(KVSink):
         self.tickets: dict[str, Ticket] = {}
         self.writes: list[tuple[str, int]] = []
         self.finished: dict[str, tuple[int, float | None]] = {}
+        self.sampler_states: dict[str, str | None] = {}
         self.aborted: dict[str, str] = {}
         self.finish_event = asyncio.Event()
 
@@ -79,9 +80,10 @@ class CacheSink(KVSink):
         )
         self.writes.append((ticket.request_id, layer))
 
-    def finish(self, ticket, first_token, logprob, stats):
+    def finish(self, ticket, first_token, logprob, stats, sampler_state=None):
         self.tickets.pop(ticket.request_id, None)
         self.finished[ticket.request_id] = (first_token, logprob)
+        self.sampler_states[ticket.request_id] = sampler_state
         self.stats = stats
         self.finish_event.set()
 

@@ -18,6 +18,7 @@ LAYERS, HEADS, HEAD_DIM = 4, 4, 8
 SRC_BLOCKS, SRC_BLOCK_SIZE = [6, 1, 4, 0, 7], 16  # prefill side: 16-token blocks
 DST_BLOCKS, DST_BLOCK_SIZE = [3, 0, 5], 32  # decode side: 32-token blocks
 NUM_TOKENS = 70
+SAMPLER_STATE = "torch-cpu-mt19937/1:" + "QUJD" * 1686  # opaque to the transport
 
 
 def segments_left():
@@ -62,11 +63,11 @@ def assert_arrived(src, sink, ticket):
         assert torch.equal(got, payload_of(src, layer, ticket)), f"layer {layer} differs"
 
 
-async def transfer_all(sender, ticket, src, first_token=17, logprob=-0.25):
+async def transfer_all(sender, ticket, src, first_token=17, logprob=-0.25, sampler_state=None):
     transfer = await sender.open(ticket)
     for layer in range(LAYERS):
         await transfer.send_layer(layer, payload_of(src, layer, ticket))
-    ack = await transfer.finish(first_token, logprob, timeout=10)
+    ack = await transfer.finish(first_token, logprob, timeout=10, sampler_state=sampler_state)
     return transfer, ack
 
 
@@ -84,12 +85,14 @@ def test_reblocked_transfer_arrives_intact(transport_name, dtype):
                 assert ack.layers == LAYERS and ack.total_bytes == ticket.total_payload_nbytes
                 # A second request reuses the same connection.
                 again = sink.issue(make_ticket(**{**ticket.to_dict(), "request_id": "req-2"}))
-                await transfer_all(sender, again, src, first_token=3)
+                await transfer_all(sender, again, src, first_token=3, sampler_state=SAMPLER_STATE)
             return ticket
 
     ticket = run(main())
     assert_arrived(src, sink, ticket)
     assert sink.finished == {"req-e2e": (17, -0.25), "req-2": (3, -0.25)}
+    # a seeded request's sampler state rides on END to the sink; an unseeded one has none
+    assert sink.sampler_states == {"req-e2e": None, "req-2": SAMPLER_STATE}
     assert sink.stats.total_bytes == ticket.total_payload_nbytes and not sink.aborted
     assert not segments_left()
 
@@ -321,7 +324,7 @@ def test_finish_without_ack_times_out(transport_name):
     async def main():
         async with receiver_for(transport_name, sink) as receiver:
             sink.issue(ticket)
-            sink.finish = lambda *a: asyncio.sleep(3600)  # engine stuck starting the sequence
+            sink.finish = lambda *a, **kw: asyncio.sleep(3600)  # engine stuck starting the sequence
             async with sender_for(transport_name, receiver.endpoint) as sender:
                 started = time.monotonic()
                 with pytest.raises(TransferError, match="no ACK"):

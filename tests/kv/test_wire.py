@@ -1,11 +1,13 @@
 """Frame headers and control documents: round trips and every refusal."""
 
 import struct
+from dataclasses import replace
 
 import pytest
 import torch
 
 from baton.kv.messages import (
+    MAX_SAMPLER_STATE_CHARS,
     Ack,
     EndSummary,
     ErrorCode,
@@ -88,7 +90,6 @@ def test_layer_headers_refuse_what_a_header_may_not_say():
 
 def test_by_reference_payload_has_no_inline_bytes():
     header, payload = a_layer()
-    from dataclasses import replace
 
     by_ref = replace(header, ref="baton-kv-0123456789abcdef-1")
     assert by_ref.inline_nbytes == 0 and len(encode_frame(by_ref)) == 1
@@ -155,7 +156,6 @@ def test_payload_size_and_checksum_mismatch():
 
 def test_inconsistent_headers_are_refused_on_both_ends():
     header, _ = a_layer()
-    from dataclasses import replace
 
     with pytest.raises(SizeMismatch, match="payload_nbytes"):
         encode_header(replace(header, payload_nbytes=header.payload_nbytes + 2))
@@ -186,3 +186,29 @@ def test_control_payload_validation():
     err_header, _ = encode_control(FrameKind.ERROR, "r", ErrorInfo(ErrorCode.AUTH, "x"))
     with pytest.raises(WireError, match="code"):
         decode_control(err_header, b'{"code": "nope", "message": "x", "layer": -1}')
+
+
+def test_end_carries_a_sampler_state_and_stays_as_before_without_one():
+    state = "torch-cpu-mt19937/1:" + "A" * 6744
+    end = EndSummary(first_token=42, total_bytes=1024, layer_checksums=[1, 2], logprob=-0.5,
+                     sampler_state=state)
+    header, body = encode_control(FrameKind.END, "req-1", end)
+    decoded = decode_header(bytes(encode_frame(header, body)[0]))
+    assert decode_control(decoded, body) == end
+    # no seed: END is byte for byte what it was before sampler_state existed, so a receiver
+    # that predates it still reads it
+    plain = replace(end, sampler_state=None)
+    _, plain_body = encode_control(FrameKind.END, "req-1", plain)
+    assert plain_body == b'{"first_token":42,"total_bytes":1024,"layer_checksums":[1,2],"logprob":-0.5}'
+    assert decode_control(decoded, plain_body) == plain
+    assert decode_control(decoded, plain_body.replace(b"}", b',"sampler_state":null}')) == plain
+
+
+def test_end_refuses_a_malformed_sampler_state():
+    header, _ = encode_control(
+        FrameKind.END, "r", EndSummary(first_token=1, total_bytes=2, layer_checksums=[3])
+    )
+    for bad in (b'""', b"7", b'["x"]', b'"' + b"x" * (MAX_SAMPLER_STATE_CHARS + 1) + b'"'):
+        doc = b'{"first_token": 1, "total_bytes": 2, "layer_checksums": [], "sampler_state": ' + bad + b"}"
+        with pytest.raises(WireError, match="sampler_state"):
+            decode_control(header, doc)

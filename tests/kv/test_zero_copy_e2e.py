@@ -124,11 +124,11 @@ def test_head_shards_read_straight_into_each_shard():
 class SlowFinishSink(DirectSink):
     """Its ACK comes only after a long pause: the sender sits waiting for it."""
 
-    async def finish(self, ticket, first_token, logprob, stats):
+    async def finish(self, ticket, first_token, logprob, stats, sampler_state=None):
         import asyncio
 
         await asyncio.sleep(4)
-        super().finish(ticket, first_token, logprob, stats)
+        super().finish(ticket, first_token, logprob, stats, sampler_state)
 
 
 def test_abort_while_waiting_for_ack_closes_the_streamer_at_once():

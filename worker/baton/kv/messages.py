@@ -1,4 +1,10 @@
-"""Control documents carried as JSON in HELLO, END, ACK and ERROR frames (pure)."""
+"""Control documents carried as JSON in HELLO, END, ACK and ERROR frames (pure).
+
+Optional fields added after a document's first version are left out while they hold their
+default, so such a document encodes to the bytes it always had, and a receiver that predates
+the field still reads it; a receiver refuses a field it does not know, so a document that
+needs the new field fails loudly there instead of being half understood.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +51,13 @@ class EndSummary:
     total_bytes: int
     layer_checksums: list[int] = field(default_factory=list)  # CRC32C per layer, in order
     logprob: float | None = None
+    # a seeded request's sampler state after the first token (opaque here; the engine's
+    # sampler_state module reads it): the decode worker continues that random stream
+    sampler_state: str | None = None
+
+
+MAX_SAMPLER_STATE_CHARS = 1 << 16
+_OMITTED_WHEN_DEFAULT = {EndSummary: ("sampler_state",)}
 
 
 @dataclass(frozen=True)
@@ -73,7 +86,11 @@ def encode_control(kind: FrameKind, request_id: str, doc) -> tuple[FrameHeader, 
         raise TypeError(
             f"{kind.name} frames carry {_TYPES[kind].__name__}, got {type(doc).__name__}"
         )
-    payload = json.dumps(asdict(doc), separators=(",", ":")).encode()
+    fields = asdict(doc)
+    for name in _OMITTED_WHEN_DEFAULT.get(type(doc), ()):
+        if fields[name] is None:
+            del fields[name]
+    payload = json.dumps(fields, separators=(",", ":")).encode()
     layer = doc.layer if isinstance(doc, ErrorInfo) else -1
     return control_header(kind, request_id, payload, layer), payload
 
@@ -132,9 +149,18 @@ def decode_control(header: FrameHeader, payload) -> Hello | EndSummary | Ack | E
         or not math.isfinite(logprob)
     ):
         raise WireError(f"logprob: expected a finite number or null, got {logprob!r}")
+    sampler_state = doc.get("sampler_state")
+    if sampler_state is not None and (
+        not isinstance(sampler_state, str) or not 0 < len(sampler_state) <= MAX_SAMPLER_STATE_CHARS
+    ):
+        raise WireError(
+            f"sampler_state: expected a non-empty string of at most {MAX_SAMPLER_STATE_CHARS} "
+            f"chars or null, got {type(sampler_state).__name__}"
+        )
     return EndSummary(
         first_token=_int(doc, "first_token"),
         total_bytes=_int(doc, "total_bytes"),
         layer_checksums=sums,
         logprob=None if logprob is None else float(logprob),
+        sampler_state=sampler_state,
     )

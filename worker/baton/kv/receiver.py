@@ -295,7 +295,8 @@ class FrameReceiver(KVReceiver):
         del self._progress[request_id]
         try:
             await maybe_await(
-                self.sink.finish(progress.ticket, end.first_token, end.logprob, stats)
+                self.sink.finish(progress.ticket, end.first_token, end.logprob, stats,
+                                 sampler_state=end.sampler_state)
             )
         except Exception as exc:
             await maybe_await(self.sink.abort(progress.ticket, f"finish failed: {exc}"))

@@ -125,7 +125,8 @@ class FrameTransfer(KVTransfer):
             self._fail(TransferError(f"re-sending layer {layer} failed: {exc}"))
 
     async def finish(
-        self, first_token: int, logprob: float | None = None, timeout: float = 30.0
+        self, first_token: int, logprob: float | None = None, timeout: float = 30.0,
+        sampler_state: str | None = None,
     ) -> Ack:
         try:
             self._raise_if_failed()
@@ -137,6 +138,7 @@ class FrameTransfer(KVTransfer):
                 total_bytes=self.ticket.total_payload_nbytes,
                 layer_checksums=[self._crcs[i] for i in range(self.ticket.num_layers)],
                 logprob=logprob,
+                sampler_state=sampler_state,
             )
             header, body = encode_control(FrameKind.END, self.ticket.request_id, end)
             try:

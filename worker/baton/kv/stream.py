@@ -155,10 +155,11 @@ class LayerStreamer:
         return out.copy_(gather_layer(k_cache, v_cache, *args))  # the sockets send from host memory
 
     def finish(
-        self, first_token: int, logprob: float | None = None, timeout: float = 30.0
+        self, first_token: int, logprob: float | None = None, timeout: float = 30.0,
+        sampler_state: str | None = None,
     ) -> StreamReport:
         """Send END after the queued layers and block until ACK (or raise TransferError)."""
-        future = self.finish_async(first_token, logprob, timeout)
+        future = self.finish_async(first_token, logprob, timeout, sampler_state)
         try:
             # Generous outer bound: queued layers still have to go out before END.
             return future.result(2 * timeout + 5.0)
@@ -168,11 +169,12 @@ class LayerStreamer:
             ) from None
 
     def finish_async(
-        self, first_token: int, logprob: float | None = None, timeout: float = 30.0
+        self, first_token: int, logprob: float | None = None, timeout: float = 30.0,
+        sampler_state: str | None = None,
     ) -> concurrent.futures.Future:
         """Like finish() but returns a future at once (the compute thread may move on)."""
         self.report.compute_end = self.clock()
-        self._put((_DONE, (first_token, logprob, timeout)))
+        self._put((_DONE, (first_token, logprob, timeout, sampler_state)))
         return self._run_future
 
     def abort(self) -> None:
@@ -218,8 +220,8 @@ class LayerStreamer:
                 raise TransferError(
                     f"transfer for {self.ticket.request_id!r} aborted by the caller"
                 )
-            first_token, logprob, timeout = item
-            self.report.ack = await transfer.finish(first_token, logprob, timeout)
+            first_token, logprob, timeout, sampler_state = item
+            self.report.ack = await transfer.finish(first_token, logprob, timeout, sampler_state)
             self.report.ack_at = self.clock()
             self.report.resent_layers = list(getattr(transfer, "resent_layers", []))
             return self.report

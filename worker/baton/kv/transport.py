@@ -99,9 +99,11 @@ class KVSink(ABC):
 
     @abstractmethod
     def finish(
-        self, ticket: Ticket, first_token: int, logprob: float | None, stats: ReceiveStats
+        self, ticket: Ticket, first_token: int, logprob: float | None, stats: ReceiveStats,
+        sampler_state: str | None = None,
     ) -> None:
-        """Every layer arrived and matches END: the sequence may join the running batch."""
+        """Every layer arrived and matches END: the sequence may join the running batch.
+        `sampler_state`: END's seeded sampler state after the first token (None: no seed)."""
 
     @abstractmethod
     def abort(self, ticket: Ticket, reason: str) -> None:
@@ -147,9 +149,11 @@ class KVTransfer(ABC):
 
     @abstractmethod
     async def finish(
-        self, first_token: int, logprob: float | None = None, timeout: float = 30.0
+        self, first_token: int, logprob: float | None = None, timeout: float = 30.0,
+        sampler_state: str | None = None,
     ) -> Ack:
-        """Send END and wait (at most `timeout` s) for ACK; raises TransferError otherwise."""
+        """Send END (with the sampler state of a seeded request) and wait (at most `timeout`
+        s) for ACK; raises TransferError otherwise."""
 
     @abstractmethod
     async def abort(self) -> None:
