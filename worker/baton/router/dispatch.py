@@ -4,7 +4,7 @@ Recoveries (DESIGN.md §2): a refused reservation tries the next decode worker (
 and retries, then prefills locally); a failed prefill aborts its reservation and retries on
 another prefill worker with a new one, or falls back to local; a decode worker lost
 mid-stream makes the request re-issue with the tokens already streamed appended to the
-prompt. Every wait has a deadline.
+prompt (a seeded one continuing its random stream after them). Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -74,10 +74,9 @@ class Dispatcher:
         for attempt in range(self.deadlines.max_reissues + 1):
             if attempt:
                 self.metrics.retries.labels("worker_lost").inc()
-            remaining = params["max_tokens"] - len(produced)
             rid = request_id if attempt == 0 else f"{request_id}-r{attempt}"
             try:
-                attempt_params = {**params, "max_tokens": remaining}
+                attempt_params = continuation_params(params, len(produced))
                 async with aclosing(self._attempt(rid, prompt_ids + produced, attempt_params)) as chunks:
                     async for chunk in chunks:
                         produced.extend(chunk.token_ids)
@@ -239,6 +238,17 @@ class Dispatcher:
         task = asyncio.get_running_loop().create_task(self.client.abort(url, rid))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def continuation_params(params: dict, produced: int) -> dict:
+    """A re-issued attempt's params: the tokens already streamed are part of its prompt, so it
+    may make only the rest, and a seeded one continues the random stream after them. That
+    stream's state died with the worker; the new worker re-derives it from the seed by
+    skipping one draw per token sampled so far (engine.sampling.skip_draws)."""
+    out = {**params, "max_tokens": params["max_tokens"] - produced}
+    if produced and params.get("seed") is not None:
+        out["seed_offset"] = params.get("seed_offset", 0) + produced
+    return out
 
 
 def _chunk(event: dict) -> Chunk:
