@@ -160,7 +160,7 @@ async def generate(worker: WorkerProcess, ids: list[int], params: dict, rid: str
 
 
 async def handoff(prefill: WorkerProcess, decode: WorkerProcess, ids: list[int], params: dict,
-                  rid: str | None = None, headroom: int = 64) -> dict:
+                  rid: str | None = None, headroom: int = 64, on_event=None) -> dict:
     """Decode-first: reserve on `decode`, prefill on `prefill`, read the decode stream."""
     rid = rid or new_id("pd")
     async with httpx.AsyncClient(headers=_auth(TOKEN), timeout=120) as client:
@@ -169,7 +169,8 @@ async def handoff(prefill: WorkerProcess, decode: WorkerProcess, ids: list[int],
         if reply.status_code != 200:
             return {"reserve": reply, "token_ids": [], "errors": [reply.json()]}
         ticket = reply.json()["ticket"]
-        stream = asyncio.create_task(read_stream(client, "GET", f"{decode.url}/internal/stream/{rid}"))
+        stream = asyncio.create_task(read_stream(client, "GET", f"{decode.url}/internal/stream/{rid}",
+                                                  on_event=on_event))
         pre = await client.post(prefill.url + "/internal/prefill", json={
             "request_id": rid, "prompt_token_ids": ids, "params": params, "ticket": ticket})
         result = await asyncio.wait_for(stream, 120)

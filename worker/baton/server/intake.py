@@ -221,7 +221,8 @@ class KVIntake(KVSink):
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
 
-    async def finish(self, ticket: Ticket, first_token: int, logprob: float | None, stats: ReceiveStats) -> None:
+    async def finish(self, ticket: Ticket, first_token: int, logprob: float | None, stats: ReceiveStats,
+                     sampler_state: str | None = None) -> None:
         """Every layer is written and verified: queue the commit and return at once, so the
         receiver's ACK does not wait for a trip through the engine thread (the ACK promises
         the KV arrived intact; the sequence joins the batch at the engine's next turn)."""
@@ -234,16 +235,16 @@ class KVIntake(KVSink):
                 raise RuntimeError(f"reservation for {rid!r} was {res.state} before its KV completed")
             res.state = COMMITTING  # from here neither cancel() nor expiry takes the blocks
         self.reservations.pop(rid, None)
-        task = asyncio.get_running_loop().create_task(self._commit(res, first_token, logprob))
+        task = asyncio.get_running_loop().create_task(self._commit(res, first_token, logprob, sampler_state))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
         self.metrics.observe_transfer(stats.total_bytes, stats.end_at - stats.first_layer_at)
         if res.kind == "import":
             self.metrics.observe_migration("in")
 
-    async def _commit(self, res: Reservation, first_token: int, logprob) -> None:
+    async def _commit(self, res: Reservation, first_token: int, logprob, sampler_state) -> None:
         try:
-            await self.ae.call(self._commit_on_engine, res, first_token, logprob)
+            await self.ae.call(self._commit_on_engine, res, first_token, logprob, sampler_state)
         except Exception as exc:
             rid = res.ticket.request_id
             log.warning("committing %s after its KV arrived failed: %s", rid, exc)
@@ -255,7 +256,7 @@ class KVIntake(KVSink):
                 log.exception("freeing the blocks of %s failed", rid)
             self.book.push(rid, RuntimeError(f"could not start {rid!r} after its KV arrived: {exc}"))
 
-    def _commit_on_engine(self, engine, res: Reservation, first_token: int, logprob) -> None:
+    def _commit_on_engine(self, engine, res: Reservation, first_token: int, logprob, sampler_state) -> None:
         rid = res.ticket.request_id
         with res.lock:
             if res.state != COMMITTING:
@@ -264,7 +265,7 @@ class KVIntake(KVSink):
                 handoff.commit_import(engine, rid)
                 res.state = COMMITTED
                 return
-            out = handoff.commit_remote(engine, rid, first_token, logprob)
+            out = handoff.commit_remote(engine, rid, first_token, logprob, sampler_state)
             res.state = COMMITTED
         self.metrics.observe_outputs([out])
         if out.finished:

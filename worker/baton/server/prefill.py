@@ -26,6 +26,7 @@ import os
 import time
 from dataclasses import replace
 
+from baton.engine.sampler_state import export_state
 from baton.engine.sequence import SequenceStatus
 from baton.kv.dtypes import dtype_name
 from baton.kv.stream import BackgroundLoop, LayerStreamer
@@ -78,6 +79,7 @@ class _Handoff:
         self.finish_future = None  # set on the engine thread once the first token exists
         self.first_token: int | None = None
         self.logprob: float | None = None
+        self.sampler_state: str | None = None  # a seeded request's generator after token 1
         self.delay_s = layer_delay_s()
         self.queue = self.loop = None  # the HTTP handler's output queue and its loop
         self.layers_fed: set[int] = set()
@@ -241,12 +243,16 @@ class PrefillService:
                 handoff.streamer.abort()
                 continue
             engine = self.ae.engine
-            handoff.feed_missing_layers(engine.sequences.get(out.request_id), engine.runner.kv_caches)
+            seq = engine.sequences.get(out.request_id)
+            handoff.feed_missing_layers(seq, engine.runner.kv_caches)
             # END right after sampling: the ACK wait starts without a trip through the loop
             handoff.first_token = out.token_ids[0]
             handoff.logprob = out.logprobs[0]["logprob"] if out.logprobs else None
+            # the decode worker continues this random stream, not a fresh one from the seed
+            handoff.sampler_state = export_state(seq.generator) if seq is not None else None
             left = max(1.0, handoff.ticket.expires_at - time.time())
-            handoff.finish_future = handoff.streamer.finish_async(handoff.first_token, handoff.logprob, left)
+            handoff.finish_future = handoff.streamer.finish_async(
+                handoff.first_token, handoff.logprob, left, handoff.sampler_state)
 
 
 async def _closed(streamer: LayerStreamer, request_id: str) -> None:
