@@ -87,6 +87,25 @@ def test_greedy_output_equals_the_offline_engine(api, model, engine, stack, path
     assert routes(stack).get(path, 0) == before + 1  # it really took that path
 
 
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_seeded_sampling_equals_the_offline_engine(api, model, engine, stack, path):
+    """OpenAI's `seed`: the same tokens as the offline engine, whether the decode worker
+    prefilled the prompt or a prefill worker did and handed its random stream over."""
+    from baton.engine.sampling import SamplingParams
+
+    before = routes(stack).get(path, 0)
+    for seed in (100, 101):
+        # a prompt of its own each time: a cached prefix would make a long one local
+        prompt = f"Q: Name colour {seed}.\nA:" if path == "local" else f"Seed {seed}. {LONG_PROMPT}"
+        ids = engine.tokenizer.encode(prompt)
+        offline = engine.generate([ids], SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95,
+                                                        seed=seed, ignore_eos=True))[0]
+        served = api.completions.create(model=model, prompt=ids, max_tokens=24, temperature=0.8,
+                                        top_p=0.95, seed=seed, extra_body={"ignore_eos": True})
+        assert served.choices[0].text == offline.text, f"seed {seed} on the {path} path"
+    assert routes(stack).get(path, 0) == before + 2  # both really took that path
+
+
 def test_fifty_concurrent_requests_all_complete(stack, model):
     async def main():
         client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=0, timeout=240)
