@@ -7,6 +7,8 @@ and every block comes back.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -94,16 +96,19 @@ def test_migration_mid_generation_is_seamless(prefill_engine, decode_engine, eng
 SEEDED = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=101, ignore_eos=True)
 
 
+@pytest.mark.parametrize("kept", [0, 5], ids=["first-attempt", "reissue"])
 @pytest.mark.parametrize("carry_state", [True, False], ids=["state-on-end", "prefill-sends-none"])
 def test_seeded_prefill_here_decode_there_equals_offline(prefill_engine, decode_engine, engine_fp32,
-                                                        carry_state):
+                                                        carry_state, kept):
     """The decode side continues the prefill side's random stream (its state after token 1,
-    or, from a prefill worker that sends none, the seed's stream skipped by one draw)."""
-    expected = engine_fp32.generate([PROMPTS[5]], SEEDED)[0]
-    ids = prefill_engine.tokenize(PROMPTS[5])
-    rid = f"seeded-{carry_state}"
-    blocks = handoff.reserve_remote(decode_engine, ids, SEEDED, rid, headroom_tokens=24)
-    prefill_engine.add_request(ids, SEEDED, request_id=rid, prefill_only=True)
+    or, from a prefill worker that sends none, the seed's stream re-derived), also for a
+    re-issue that keeps `kept` tokens as prompt."""
+    expected = engine_fp32.generate([PROMPTS[5]], SEEDED)[0].token_ids
+    ids = prefill_engine.tokenize(PROMPTS[5]) + expected[:kept]
+    params = replace(SEEDED, max_tokens=SEEDED.max_tokens - kept, seed_offset=kept)
+    rid = f"seeded-{carry_state}-{kept}"
+    blocks = handoff.reserve_remote(decode_engine, ids, params, rid, headroom_tokens=24)
+    prefill_engine.add_request(ids, params, request_id=rid, prefill_only=True)
     first = run_until_done(prefill_engine)[rid]
     state = export_state(prefill_engine.sequences[rid].generator) if carry_state else None
     copy_kv(prefill_engine, prefill_engine.sequences[rid].block_table, decode_engine, blocks, len(ids))
@@ -111,7 +116,7 @@ def test_seeded_prefill_here_decode_there_equals_offline(prefill_engine, decode_
     prefill_engine.release(rid)
     out = run_until_done(decode_engine)[rid]
     decode_engine.release(rid)
-    assert out.token_ids == expected.token_ids
+    assert expected[:kept] + out.token_ids == expected
 
 
 def test_reissue_with_seed_offset_continues_the_seeded_stream(engine_fp32):

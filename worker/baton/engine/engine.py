@@ -74,7 +74,10 @@ class Engine:
             raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
         return ids
 
-    def _new_sequence(self, prompt: Prompt, params: SamplingParams, request_id: str | None) -> Sequence:
+    def _new_sequence(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
+                      skip_seeded_draws: bool = True) -> Sequence:
+        """`skip_seeded_draws`: advance a seeded generator past `params.seed_offset` tokens
+        (a handoff that brings the generator's state along skips that work)."""
         params.validate()
         ids = self.tokenize(prompt)
         if len(ids) >= self.max_model_len:
@@ -88,7 +91,7 @@ class Engine:
         if request_id in self.sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, ids, params)
-        if seq.generator is not None and params.seed_offset and not params.greedy:
+        if skip_seeded_draws and seq.generator is not None and params.seed_offset and not params.greedy:
             skip_draws(seq.generator, params.seed_offset, self.model_config.vocab_size)
         return seq
 

@@ -25,7 +25,7 @@ def reserve_remote(engine, prompt_ids: list[int], params: SamplingParams, reques
     Raises NoFreeBlocks when the worker cannot take it: the caller refuses the request
     before any prefill work is done.
     """
-    seq = engine._new_sequence(list(prompt_ids), params, request_id)
+    seq = engine._new_sequence(list(prompt_ids), params, request_id, skip_seeded_draws=False)
     wanted = min(len(seq.token_ids) + 1 + max(0, headroom_tokens), engine.max_model_len)
     if engine.blocks.blocks_needed(seq, wanted) > engine.blocks.num_free_blocks:
         raise NoFreeBlocks(
@@ -44,7 +44,7 @@ def commit_remote(engine, request_id: str, first_token: int, logprob: float | No
 
     A seeded request continues from `sampler_state`, the prefill side's generator after it
     sampled the first token. A prefill worker that sends none drew that token with one
-    draw_noise too, so the generator here skips one draw instead.
+    draw_noise too, so the generator here re-derives the state from the seed instead.
     """
     seq = _get(engine, request_id, SequenceStatus.REMOTE)
     if sampler_state is not None:
@@ -52,7 +52,7 @@ def commit_remote(engine, request_id: str, first_token: int, logprob: float | No
             raise ValueError(f"request {request_id!r} has no seed, yet a sampler state came with it")
         seq.generator = restore_state(sampler_state)
     elif seq.generator is not None and not seq.params.greedy:
-        skip_draws(seq.generator, 1, engine.model_config.vocab_size)
+        skip_draws(seq.generator, seq.params.seed_offset + 1, engine.model_config.vocab_size)
     seq.num_computed_tokens = seq.num_prompt_tokens
     engine.blocks.register_full_blocks(seq)
     # The prompt was looked up in the prefix cache where it was prefilled: counting it here as
@@ -112,7 +112,8 @@ def finish_export(engine, request_id: str) -> None:
 def import_sequence(engine, state: dict, headroom_tokens: int = 16) -> list[int]:
     """Reserve blocks for a migrating sequence; its computed tokens' KV arrives next."""
     params = SamplingParams(**state["params"])
-    seq = engine._new_sequence(state["token_ids"][: state["num_prompt_tokens"]], params, state["request_id"])
+    seq = engine._new_sequence(state["token_ids"][: state["num_prompt_tokens"]], params, state["request_id"],
+                               skip_seeded_draws=False)  # the generator's state comes with it
     seq.token_ids = list(state["token_ids"])
     seq.num_cached_tokens = state.get("num_cached_tokens", 0)
     seq.logprobs = list(state.get("logprobs", []))
