@@ -125,3 +125,16 @@ def test_a_cancel_racing_a_direct_write_frees_the_blocks_only_after_it():
     assert (k[[3, 4]] == 0).sum() == 0 and (k[1, :8] == 0).sum() == 0
     assert k[[0, 2, 5]].abs().sum() == 0 and k[1, 8:].abs().sum() == 0
     assert intake.book.pushed and intake.book.pushed[0][0] == rid
+
+
+def test_a_sampler_state_this_worker_cannot_continue_is_refused_before_the_ack():
+    """The receiver answers END with an error instead of an ACK; the reservation stays open
+    (for a retry, or expiry), and no commit is queued."""
+    rid = "seeded"
+    caches = [(torch.zeros(6, BLOCK, HEADS, DIM), torch.zeros(6, BLOCK, HEADS, DIM)) for _ in range(LAYERS)]
+    intake = KVIntake(EngineThread(caches, rid), Book(), metrics=None, worker_id="d",
+                      kv_endpoint="tcp://127.0.0.1:1")
+    intake.reservations[rid] = Reservation(ticket(rid), "prefill")
+    with pytest.raises(ValueError, match="sampler_state: format"):
+        asyncio.run(intake.finish(ticket(rid), 5, None, stats=None, sampler_state="torch-cuda-philox/9:AAAA"))
+    assert intake.reservations[rid].state == OPEN and not intake._commits and not intake.book.pushed

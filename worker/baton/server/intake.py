@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from baton.engine import handoff
+from baton.engine.sampler_state import restore_state
 from baton.kv.blockviews import layer_views
 from baton.kv.dtypes import dtype_name
 from baton.kv.layout import scatter_layer
@@ -230,6 +231,8 @@ class KVIntake(KVSink):
         res = self.reservations.get(rid)
         if res is None:
             raise RuntimeError(f"no reservation for {rid!r}")
+        if sampler_state is not None:
+            restore_state(sampler_state)  # one this worker cannot continue is refused before the ACK
         with res.lock:
             if res.state != OPEN or res.writers:
                 raise RuntimeError(f"reservation for {rid!r} was {res.state} before its KV completed")
