@@ -1,7 +1,8 @@
 """A seeded request gives the offline engine's tokens on every path between real workers:
-local, remote prefill over TCP (16-token blocks → 32) and shared memory (16 → 16),
-migration mid-stream after a remote prefill, and the router's re-issue (official `openai`
-client) after a worker gives the request up mid-stream."""
+remote prefill over TCP (16-token blocks → 32) and shared memory (16 → 16), migration
+mid-stream after a remote prefill, and the router's re-issue (official `openai` client)
+after a worker gives the request up mid-stream. The local path through `baton up` is in
+tests/local/test_local_stack.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import openai
 import pytest
 
 from tests.router.router_harness import running_router
-from tests.server.workers import TOKEN, generate, handoff, new_id
+from tests.server.workers import TOKEN, handoff, new_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("blocks_restored")]
 PROMPTS = (0, 5, 7)  # 4, 17 and 51 tokens: the last spans two of decode-tcp's 32-token blocks
@@ -37,18 +38,13 @@ def offline_tokens(engine, ids: list[int], params: dict) -> list[int]:
     return engine.generate([ids], SamplingParams(**params))[0].token_ids
 
 
-@pytest.mark.parametrize("path", ["local", "decode-tcp", "decode-shm"])
-def test_seeded_tokens_equal_the_offline_engine(cluster, prompt_ids, offline, path):
-    async def run(ids, params):
-        if path == "local":
-            return await generate(cluster["both"], ids, params)
-        return await handoff(cluster["prefill"], cluster[path], ids, params)
-
+@pytest.mark.parametrize("decoder", ["decode-tcp", "decode-shm"])
+def test_seeded_remote_prefill_equals_the_offline_engine(cluster, prompt_ids, offline, decoder):
     for i in PROMPTS:
         expected = offline_tokens(offline, prompt_ids[i], seeded(i))
-        r = asyncio.run(run(prompt_ids[i], seeded(i)))
+        r = asyncio.run(handoff(cluster["prefill"], cluster[decoder], prompt_ids[i], seeded(i)))
         assert not r["errors"], r["errors"]
-        assert r["token_ids"] == expected, f"prompt {i} ({len(prompt_ids[i])} tokens) diverged on {path}"
+        assert r["token_ids"] == expected, f"prompt {i} ({len(prompt_ids[i])} tokens) diverged on {decoder}"
 
 
 def test_seeded_tokens_survive_a_migration_after_a_remote_prefill(cluster, prompt_ids, offline):
