@@ -156,15 +156,15 @@ def assert_names_its_inputs(record: dict) -> None:
 
 
 def assert_pressured_pool(conversion: dict, grown: str) -> None:
-    """The pool a conversion grows was measured busy, and busier than the pool it shrinks.
+    """The pool a conversion grows was measured busier than the pool it shrinks.
 
     A pool that cannot meet its objective at any size (a decode step slower than the TPOT
     objective, as on a slow or crowded CPU) has no finite utilisation, and /decisions leaves
-    it out: then only the grown pool's load is asserted.
+    it out: then there is nothing to compare with.
     """
     shrunk = {"prefill": "decode", "decode": "prefill"}[grown]
     outputs = conversion["outputs"]
-    assert outputs[f"{grown}_utilisation"] > 0.5, conversion
+    assert f"{grown}_utilisation" in outputs, conversion
     if f"{shrunk}_utilisation" in outputs:
         assert outputs[f"{grown}_utilisation"] > outputs[f"{shrunk}_utilisation"], conversion
 
@@ -223,7 +223,7 @@ def test_traffic_shifts_convert_a_worker_and_back(tmp_path):
     for record in records:
         assert_names_its_inputs(record)
     # The conversions were driven by the traffic: long prompts first, long outputs second.
-    assert to_prefill["inputs"]["input_len"] > 500
+    assert to_prefill["inputs"]["input_len"] > 500 and to_prefill["outputs"]["prefill_utilisation"] > 0.5
     assert_pressured_pool(to_prefill, "prefill")
     assert_pressured_pool(to_decode, "decode")
     # The second is decided on a window that may still hold phase 1's long prompts (longer on a
