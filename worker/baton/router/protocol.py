@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from baton.engine.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from baton.router.tokenizing import ModelInfo
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
@@ -181,6 +182,9 @@ def _finish(body: dict, kind: str, ids: list[int], model: ModelInfo,
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
         raise bad_request("'stop_token_ids' must be a list of integers", "stop_token_ids")
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad_request(f"'stop_token_ids' has {len(stop_ids)} entries; at most "
+                          f"{MAX_STOP_TOKEN_IDS} are allowed", "stop_token_ids")
     req.stop_token_ids = list(stop_ids)
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
@@ -204,6 +208,14 @@ def _stop_strings(stop: Any) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise bad_request("'stop' must be a non-empty string or a list of them", "stop")
+    # every stop string is checked against every new token: bound the work one request buys
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are "
+                          "allowed", "stop")
+    longest = max(len(s) for s in stop) if stop else 0
+    if longest > MAX_STOP_STRING_CHARS:
+        raise bad_request(f"a 'stop' string has {longest} characters; at most "
+                          f"{MAX_STOP_STRING_CHARS} are allowed", "stop")
     return list(stop)
 
 
