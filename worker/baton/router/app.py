@@ -7,9 +7,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from baton.router.admission import AdmissionQueue
+from baton.router.asgi_io import MAX_BODY_BYTES
 from baton.router.completions import CompletionRoutes, CompletionService
 from baton.router.discovery import Discovery
 from baton.router.dispatch import Deadlines, Dispatcher
@@ -32,6 +35,7 @@ class RouterConfig:
     max_waiting: int = 1024
     poll_interval_s: float = 0.5
     token_timeout_s: float = 60.0
+    max_body_bytes: int = MAX_BODY_BYTES
     deadlines: Deadlines = field(default_factory=Deadlines)
 
 
@@ -59,6 +63,7 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
+            service.parsers.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="Baton router", lifespan=lifespan)
     app.state.pool, app.state.dispatcher, app.state.estimator = pool, dispatcher, estimator
@@ -66,8 +71,20 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
     def authorized(request: Request) -> bool:
         return not config.api_key or request.headers.get("authorization") == f"Bearer {config.api_key}"
 
-    service = CompletionService(model, dispatcher, admission, metrics, config.api_key)
+    service = CompletionService(model, dispatcher, admission, metrics, config.api_key,
+                                config.max_body_bytes)
     app.add_middleware(CompletionRoutes, service=service)  # /v1/completions, /v1/chat/completions
+
+    # every answer, the framework's own 404/405/422 included, has OpenAI's error shape
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return _error(ApiError(exc.status_code, message, code=code), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return _error(ApiError(422, f"{request.method} {request.url.path}: invalid request"))
 
     @app.get("/v1/models")
     async def models(request: Request):

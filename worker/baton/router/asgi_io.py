@@ -16,7 +16,9 @@ JSON_TYPE = (b"content-type", b"application/json")
 SSE_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
 
 
-MAX_BODY_BYTES = 32 << 20  # a request body beyond this is refused (413), never buffered
+# A request body beyond this is refused (413) as soon as it is announced or read that far,
+# never buffered: a prompt that fills the longest context is well under 1 MiB of JSON.
+MAX_BODY_BYTES = 4 << 20
 
 
 class ClientGone(Exception):
@@ -35,7 +37,11 @@ def header(scope: dict, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(receive, limit: int = MAX_BODY_BYTES) -> bytes:
+async def read_body(receive, limit: int = MAX_BODY_BYTES, scope: dict | None = None) -> bytes:
+    """The whole body, or BodyTooLarge once its declared or received size passes `limit`."""
+    declared = header(scope, b"content-length") if scope is not None else None
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"the request body has {int(declared)} bytes; the limit is {limit}")
     parts, size = [], 0
     while True:
         message = await receive()
@@ -44,7 +50,7 @@ async def read_body(receive, limit: int = MAX_BODY_BYTES) -> bytes:
         part = message.get("body", b"")
         size += len(part)
         if size > limit:
-            raise BodyTooLarge(f"the request body exceeds {limit} bytes")
+            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
         parts.append(part)
         if not message.get("more_body", False):
             return parts[0] if len(parts) == 1 else b"".join(parts)

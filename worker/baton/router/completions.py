@@ -6,16 +6,18 @@ These two sit on every request's path to its first token, so they skip Starlette
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
 from baton.router import responses
 from baton.router.admission import AdmissionQueue, Overloaded
 from baton.router.asgi_io import (
+    MAX_BODY_BYTES,
     BodyTooLarge,
     ClientGone,
     header,
@@ -25,7 +27,7 @@ from baton.router.asgi_io import (
 )
 from baton.router.dispatch import Dispatcher, NoCapacity, UpstreamFailed
 from baton.router.metrics import RouterMetrics
-from baton.router.protocol import ApiError, parse_chat, parse_completion
+from baton.router.protocol import ApiError, GenerationRequest, parse_body
 from baton.router.serving import Delta, text_deltas
 from baton.router.tokenizing import ModelInfo
 from baton.router.worker_client import WorkerRejected
@@ -33,6 +35,10 @@ from baton.router.worker_client import WorkerRejected
 log = logging.getLogger(__name__)
 
 PATHS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+# A body this large is parsed (JSON, chat template, tokens) on a worker thread: the long
+# steps there release the GIL (see ModelInfo.encode), so other requests' tokens keep flowing.
+OFF_LOOP_BYTES = 64 << 10
+PARSE_THREADS = 2  # big bodies queue for these rather than take every core
 
 
 class CompletionRoutes:
@@ -47,15 +53,19 @@ class CompletionRoutes:
         if kind is None:
             await self.app(scope, receive, send)
         elif scope["method"] != "POST":
-            await send_json(send, 405, {"detail": "Method Not Allowed"}, {"Allow": "POST"})
+            await _send_error(send, ApiError(405, f"{scope['method']} is not allowed on "
+                                             f"{scope['path']}; use POST", code="method_not_allowed"),
+                              {"Allow": "POST"})
         else:
             await self.service.handle(kind, scope, receive, send)
 
 
 class CompletionService:
     def __init__(self, model: ModelInfo, dispatcher: Dispatcher, admission: AdmissionQueue,
-                 metrics: RouterMetrics, api_key: str | None):
+                 metrics: RouterMetrics, api_key: str | None, max_body_bytes: int = MAX_BODY_BYTES):
         self.model, self.dispatcher, self.admission, self.metrics = model, dispatcher, admission, metrics
+        self.max_body_bytes = max_body_bytes
+        self.parsers = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
         self.expected_auth = f"Bearer {api_key}".encode() if api_key else None
 
     def authorized(self, scope) -> bool:
@@ -73,15 +83,13 @@ class CompletionService:
             return await _send_error(send, ApiError(401, "missing or wrong API key", "authentication_error",
                                                     code="invalid_api_key"))
         try:
-            body = json.loads(await read_body(receive))
+            raw = await read_body(receive, self.max_body_bytes, scope)
         except ClientGone:
             return None
         except BodyTooLarge as e:
-            return await _send_error(send, ApiError(413, str(e)))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return await _send_error(send, ApiError(400, f"the request body is not valid JSON: {e}"))
+            return await _send_error(send, ApiError(413, str(e), code="request_too_large"))
         try:
-            req = parse_chat(body, self.model) if kind == "chat" else parse_completion(body, self.model)
+            req = await self._parse(kind, raw)
         except ApiError as e:
             return await _send_error(send, e)
         try:
@@ -120,6 +128,12 @@ class CompletionService:
         await send_json(send, 200, responses.full_response(
             kind, request_id, req.model, text, last.finish_reason, len(req.prompt_ids), last.completion_tokens))
         return 200
+
+    async def _parse(self, kind: str, raw: bytes) -> GenerationRequest:
+        if len(raw) < OFF_LOOP_BYTES:
+            return parse_body(kind, raw, self.model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.parsers, parse_body, kind, raw, self.model)
 
     async def _timed(self, deltas: AsyncIterator[Delta], started: float) -> AsyncIterator[Delta]:
         """`deltas`, observing the time to the first token on the way."""
@@ -179,5 +193,5 @@ def api_error(e: Exception) -> ApiError:
         return ApiError(503, str(e), "server_error", code="no_capacity")
     if isinstance(e, UpstreamFailed | StopAsyncIteration):
         return ApiError(502, str(e) or "the workers ended the request early", "server_error")
-    log.exception("request failed", exc_info=e)
-    return ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+    log.error("request failed", exc_info=e)  # the details stay in the log, not the answer
+    return ApiError(500, "internal error; the router's log has the details", "server_error")

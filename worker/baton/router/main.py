@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or 'auto' to derive it from measured overhead, speed and bandwidth")
     parser.add_argument("--max-running", type=int, default=256, help="requests in flight at once")
     parser.add_argument("--max-waiting", type=int, default=1024, help="queued beyond that, then 429")
+    parser.add_argument("--max-body-bytes", type=int, default=int(env("BATON_MAX_BODY_BYTES", str(4 << 20))),
+                        help="larger request bodies are refused with 413 before they are read")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between worker state polls")
     parser.add_argument("--log-level", default="warning")
 
@@ -60,7 +62,8 @@ def build_app(args: argparse.Namespace):
         block_size=args.block_size, api_key=args.api_key or None,
         internal_token=os.environ.get("BATON_INTERNAL_TOKEN"),
         disagg_threshold=parse_threshold(args.disagg_threshold),
-        max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval)
+        max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval,
+        max_body_bytes=args.max_body_bytes)
     return create_app(model, discovery, config)
 
 

@@ -5,13 +5,18 @@ Every rejection is an `ApiError` carrying the HTTP status and an OpenAI-style er
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import jinja2
+
 from baton.engine.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from baton.router.tokenizing import ModelInfo
 
+MAX_JSON_DEPTH = 64  # an OpenAI body nests a handful of levels; deeper is an attack
+ECHO_CHARS = 80  # how much of a rejected value an error message repeats
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
 # Parameters the engine cannot honour: rejected unless they carry their neutral value.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -74,6 +79,48 @@ class GenerationRequest:
         }
 
 
+def parse_body(kind: str, raw: bytes, model: ModelInfo) -> GenerationRequest:
+    """A raw request body of `kind` ("chat" or "completion") -> the request, or ApiError."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+    except ValueError as e:  # also bad UTF-8 and integers too long to convert
+        raise bad_request(f"the request body is not valid JSON: {_clip(str(e))}") from None
+    _check_depth(body)
+    return parse_chat(body, model) if kind == "chat" else parse_completion(body, model)
+
+
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > MAX_JSON_DEPTH:
+            raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + "..."
+
+
+def _show(value: Any) -> str:
+    """A client's value in an error message, cut short: never echo a whole body back."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return _clip(repr(value))
+    return type(value).__name__
+
+
+def _encode(model: ModelInfo, text: str, param: str) -> list[int]:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"'{param}' is not valid Unicode (it holds an unpaired surrogate)",
+                          param) from None
+    return model.encode(text)
+
+
 def parse_completion(body: Any, model: ModelInfo) -> GenerationRequest:
     body = _require_object(body)
     ids = _prompt_ids(body.get("prompt"), model)
@@ -89,9 +136,10 @@ def parse_chat(body: Any, model: ModelInfo) -> GenerationRequest:
     add_generation_prompt = body.get("add_generation_prompt", True)
     try:
         text = model.tokenizer.apply_chat_template(flat, add_generation_prompt=bool(add_generation_prompt))
-    except ValueError as e:
-        raise bad_request(str(e), "messages") from e
-    ids = model.tokenizer.encode(text)
+    except (ValueError, TypeError, jinja2.TemplateError) as e:
+        raise bad_request(f"the chat template cannot render these messages: {_clip(str(e))}",
+                          "messages") from e
+    ids = _encode(model, text, "messages")
     if not ids:
         raise bad_request("the chat template produced an empty prompt", "messages")
     if "max_completion_tokens" in body and body.get("max_tokens") is None:
@@ -130,12 +178,12 @@ def _prompt_ids(prompt: Any, model: ModelInfo) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' is empty", "prompt")
-        return model.tokenizer.encode(prompt)
+        return _encode(model, prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         vocab = model.config.vocab_size
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
-            raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+            raise bad_request(f"token id {_show(bad)} is outside the vocabulary [0, {vocab})", "prompt")
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) > 1:
         raise bad_request("only one prompt per request is supported", "prompt")
@@ -146,11 +194,11 @@ def _finish(body: dict, kind: str, ids: list[int], model: ModelInfo,
             default_max_tokens: int | None) -> GenerationRequest:
     requested = body.get("model")
     if requested is not None and requested != model.name:
-        raise ApiError(404, f"the model '{requested}' does not exist; this server serves "
+        raise ApiError(404, f"the model {_show(requested)} does not exist; this server serves "
                        f"'{model.name}'", "invalid_request_error", "model", "model_not_found")
     for name, neutral in NEUTRAL_VALUES.items():
         if name in body and body[name] not in neutral:
-            raise bad_request(f"'{name}'={body[name]!r} is not supported by this server", name)
+            raise bad_request(f"'{name}'={_show(body[name])} is not supported by this server", name)
     limit = model.max_model_len
     if len(ids) >= limit:
         raise bad_request(f"this model's maximum context length is {limit} tokens; the prompt "
@@ -159,7 +207,8 @@ def _finish(body: dict, kind: str, ids: list[int], model: ModelInfo,
     if max_tokens is None:
         max_tokens = default_max_tokens if default_max_tokens is not None else limit - len(ids)
     if not _is_int(max_tokens) or max_tokens < 1:
-        raise bad_request(f"'max_tokens' must be a positive integer, got {max_tokens!r}", "max_tokens")
+        raise bad_request(f"'max_tokens' must be a positive integer, got {_show(max_tokens)}",
+                          "max_tokens")
     if len(ids) + max_tokens > limit:
         raise bad_request(f"this model's maximum context length is {limit} tokens; you asked for "
                           f"{len(ids)} prompt tokens plus {max_tokens} completion tokens", "max_tokens")
@@ -173,10 +222,10 @@ def _finish(body: dict, kind: str, ids: list[int], model: ModelInfo,
         top_k = 0  # -1 means "off" in vLLM's convention
     if not _is_int(top_k) or top_k < 0:
         raise bad_request("'top_k' must be a non-negative integer", "top_k")
-    req.top_k = top_k
+    req.top_k = top_k if top_k < model.config.vocab_size else 0  # at least the vocabulary: off
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise bad_request("'seed' must be an integer", "seed")
+    if seed is not None and not (_is_int(seed) and -(2**63) <= seed < 2**64):
+        raise bad_request("'seed' must be a 64-bit integer", "seed")
     req.seed = seed
     req.stop = _stop_strings(body.get("stop"))
     stop_ids = body.get("stop_token_ids") or []
@@ -185,6 +234,9 @@ def _finish(body: dict, kind: str, ids: list[int], model: ModelInfo,
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad_request(f"'stop_token_ids' has {len(stop_ids)} entries; at most "
                           f"{MAX_STOP_TOKEN_IDS} are allowed", "stop_token_ids")
+    vocab = model.config.vocab_size
+    if any(not 0 <= t < vocab for t in stop_ids):
+        raise bad_request(f"'stop_token_ids' must be token ids in [0, {vocab})", "stop_token_ids")
     req.stop_token_ids = list(stop_ids)
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
@@ -226,7 +278,7 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise bad_request(f"'{name}' must be a number", name)
     if not low <= value <= high:
-        raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", name)
+        raise bad_request(f"'{name}' must be between {low} and {high}, got {_show(value)}", name)
     return float(value)
 
 

@@ -8,6 +8,8 @@ from baton.engine.config import ModelConfig
 from baton.engine.loader import load_source
 from baton.engine.tokenizer import Tokenizer
 
+RELEASE_GIL_CHARS = 4096  # below this the plain call is cheaper than the batch machinery
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -15,6 +17,16 @@ class ModelInfo:
     tokenizer: Tokenizer
     config: ModelConfig
     max_model_len: int
+
+    def encode(self, text: str) -> list[int]:
+        """As `tokenizer.encode`, but a long text is encoded through the batch call, which
+        releases the GIL: parsed on a worker thread, it leaves the event loop running."""
+        if len(text) < RELEASE_GIL_CHARS:
+            return self.tokenizer.encode(text)
+        ids = self.tokenizer._tok.encode_batch([text], add_special_tokens=False)[0].ids
+        if self.tokenizer.add_bos and self.tokenizer.bos_token_id is not None:
+            ids = [self.tokenizer.bos_token_id, *ids]
+        return ids
 
 
 def load_model_info(model: str | None, served_name: str | None = None,
