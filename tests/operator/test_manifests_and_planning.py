@@ -116,3 +116,16 @@ def test_drift_patch_only_touches_what_differs():
     assert contains(served, desired) and _drift_patch(served, desired) is None
     changed = router.router_service("d", spec(router={"serviceType": "LoadBalancer"}))
     assert _drift_patch(served, changed) == {"spec": changed["spec"]}
+
+
+def test_router_takes_its_api_key_from_a_secret_and_serves_all_addresses():
+    keyed = router.router_deployment("d", spec(router={"apiKeySecret": {"name": "llm-key"}}))
+    container = keyed["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["BATON_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "llm-key", "key": "api-key"}
+    assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
+    custom = router.router_deployment("d", spec(router={"apiKeySecret": {"name": "s", "key": "k"}}))
+    ref = custom["spec"]["template"]["spec"]["containers"][0]["env"][-1]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "s", "key": "k"}
+    open_router = router.router_deployment("d", spec())["spec"]["template"]["spec"]["containers"][0]
+    assert "BATON_API_KEY" not in {e["name"] for e in open_router["env"]}

@@ -78,8 +78,19 @@ class WorkerPool(ApiModel):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
 
 
+class SecretKeyRef(ApiModel):
+    """One key of a Secret in the PDDeployment's namespace."""
+
+    name: str = Field(..., min_length=1, description="the Secret's name")
+    key: str = Field("api-key", min_length=1, description="the key within the Secret")
+
+
 class RouterSpec(ApiModel):
     replicas: int = Field(1, ge=1)
+    api_key_secret: SecretKeyRef | None = Field(
+        None, description="a Secret key holding the API key clients must send as a bearer token; "
+        "without it the router's OpenAI API is open to anyone who can reach its Service"
+    )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     disaggregation_threshold: int = Field(
         512, ge=0, description="uncached prompt tokens below which decode prefills in place"

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 
 from baton.router.admission import AdmissionQueue
 from baton.router.asgi_io import MAX_BODY_BYTES
+from baton.router.auth import authorized, expected_header
 from baton.router.completions import CompletionRoutes, CompletionService
 from baton.router.discovery import Discovery
 from baton.router.dispatch import Deadlines, Dispatcher
@@ -68,8 +69,8 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
     app = FastAPI(title="Baton router", lifespan=lifespan)
     app.state.pool, app.state.dispatcher, app.state.estimator = pool, dispatcher, estimator
 
-    def authorized(request: Request) -> bool:
-        return not config.api_key or request.headers.get("authorization") == f"Bearer {config.api_key}"
+    expected = expected_header(config.api_key)
+    unauthorized = ApiError(401, "missing or wrong API key", "authentication_error", code="invalid_api_key")
 
     service = CompletionService(model, dispatcher, admission, metrics, config.api_key,
                                 config.max_body_bytes)
@@ -88,8 +89,8 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
 
     @app.get("/v1/models")
     async def models(request: Request):
-        if not authorized(request):
-            return _error(ApiError(401, "missing or wrong API key", "authentication_error"))
+        if not authorized(request.scope, expected):
+            return _error(unauthorized)
         return {"object": "list", "data": [{"id": model.name, "object": "model", "created": 0,
                                             "owned_by": "baton", "max_model_len": model.max_model_len}]}
 
@@ -103,8 +104,10 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
         return JSONResponse({"ready": bool(usable), "decode_workers": len(usable)},
                             status_code=200 if usable else 503)
 
-    @app.get("/router/state")
-    async def router_state():
+    @app.get("/router/state")  # worker addresses and load: for operators, behind the key
+    async def router_state(request: Request):
+        if not authorized(request.scope, expected):
+            return _error(unauthorized)
         return {"workers": [w.__dict__ for w in pool.snapshots()], "threshold": estimator.explain(),
                 "admission": {"running": admission.running, "waiting": admission.waiting}}
 

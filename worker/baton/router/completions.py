@@ -20,11 +20,11 @@ from baton.router.asgi_io import (
     MAX_BODY_BYTES,
     BodyTooLarge,
     ClientGone,
-    header,
     read_body,
     send_event_stream,
     send_json,
 )
+from baton.router.auth import authorized, expected_header
 from baton.router.dispatch import Dispatcher, NoCapacity, UpstreamFailed
 from baton.router.metrics import RouterMetrics
 from baton.router.protocol import ApiError, GenerationRequest, parse_body
@@ -66,10 +66,7 @@ class CompletionService:
         self.model, self.dispatcher, self.admission, self.metrics = model, dispatcher, admission, metrics
         self.max_body_bytes = max_body_bytes
         self.parsers = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
-        self.expected_auth = f"Bearer {api_key}".encode() if api_key else None
-
-    def authorized(self, scope) -> bool:
-        return self.expected_auth is None or header(scope, b"authorization") == self.expected_auth
+        self.expected_auth = expected_header(api_key)
 
     async def handle(self, kind: str, scope, receive, send) -> None:
         endpoint = "chat" if kind == "chat" else "completions"
@@ -79,7 +76,7 @@ class CompletionService:
 
     async def _serve(self, kind: str, scope, receive, send) -> int | None:
         """Answer the request; return the status sent (None: the client left first)."""
-        if not self.authorized(scope):
+        if not authorized(scope, self.expected_auth):
             return await _send_error(send, ApiError(401, "missing or wrong API key", "authentication_error",
                                                     code="invalid_api_key"))
         try:

@@ -6,12 +6,16 @@ import argparse
 import logging
 import os
 
+from baton.router.auth import is_loopback
 from baton.router.threshold import parse_threshold
+
+log = logging.getLogger("baton.router")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default=env("BATON_ROUTER_HOST", "127.0.0.1"),
+                        help="address to bind (default loopback; 0.0.0.0 to serve others: set a key)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", default=env("BATON_WORKERS", ""),
                         help="static discovery: comma-separated worker URLs (http://host:port)")
@@ -74,10 +78,20 @@ CLIENT_FACING_IDLE_S = 75
 SERVER_OPTIONS = {"access_log": False, "timeout_keep_alive": CLIENT_FACING_IDLE_S}
 
 
+def warn_if_open(host: str, api_key: str | None) -> bool:
+    """Log loudly when others can reach the API without a key; True when it did."""
+    if api_key or is_loopback(host):
+        return False
+    log.warning("!!! the router serves %s with NO API key: anyone who can reach this port can "
+                "use the model. Set --api-key or BATON_API_KEY (docs/security.md) !!!", host)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(args)
+    warn_if_open(args.host, args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **SERVER_OPTIONS)
     return 0

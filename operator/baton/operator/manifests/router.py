@@ -55,18 +55,24 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         resources["requests"] = {k: str(v) for k, v in spec.router.resources.requests.items()}
     if spec.router.resources.limits:
         resources["limits"] = {k: str(v) for k, v in spec.router.resources.limits.items()}
+    env = [
+        token_env(deployment),
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "BATON_DISAGG_THRESHOLD", "value": str(spec.router.disaggregation_threshold)},
+    ]
+    if spec.router.api_key_secret is not None:  # the router reads BATON_API_KEY as --api-key
+        ref = spec.router.api_key_secret
+        env.append({"name": "BATON_API_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     container = {
         "name": "router",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "args": ["baton", "router", "--port", str(labels.ROUTER_PORT),
+        # all addresses: the Service reaches the pod on its own IP, not on loopback
+        "args": ["baton", "router", "--host", "0.0.0.0", "--port", str(labels.ROUTER_PORT),
                  "--discovery", "kubernetes", "--deployment", deployment],
         "ports": [{"name": "http", "containerPort": labels.ROUTER_PORT, "protocol": "TCP"}],
-        "env": [
-            token_env(deployment),
-            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            {"name": "BATON_DISAGG_THRESHOLD", "value": str(spec.router.disaggregation_threshold)},
-        ],
+        "env": env,
         "resources": resources,
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
