@@ -16,7 +16,7 @@ from baton.router.asgi_io import MAX_BODY_BYTES
 from baton.router.auth import authorized, expected_header
 from baton.router.completions import CompletionRoutes, CompletionService
 from baton.router.discovery import Discovery
-from baton.router.dispatch import Deadlines, Dispatcher
+from baton.router.dispatch import RESERVE_HEADROOM_TOKENS, Deadlines, Dispatcher
 from baton.router.metrics import RouterMetrics
 from baton.router.policy import DECODE_ROLES
 from baton.router.pool import WorkerPool
@@ -37,6 +37,7 @@ class RouterConfig:
     poll_interval_s: float = 0.5
     token_timeout_s: float = 60.0
     max_body_bytes: int = MAX_BODY_BYTES
+    reserve_headroom_tokens: int = RESERVE_HEADROOM_TOKENS  # see dispatch.py
     deadlines: Deadlines = field(default_factory=Deadlines)
 
 
@@ -50,7 +51,8 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
     estimator = ThresholdEstimator(fixed=config.disagg_threshold)
     client = WorkerClient(config.internal_token, token_timeout_s=config.token_timeout_s)
     pool = WorkerPool(client, estimator, poll_interval_s=config.poll_interval_s)
-    dispatcher = Dispatcher(pool, client, estimator, config.block_size, metrics, config.deadlines)
+    dispatcher = Dispatcher(pool, client, estimator, config.block_size, metrics, config.deadlines,
+                            reserve_headroom_tokens=config.reserve_headroom_tokens)
     admission = AdmissionQueue(config.max_running, config.max_waiting)
 
     @asynccontextmanager

@@ -75,34 +75,54 @@ async def send_json(send, status: int, payload, headers: dict[str, str] | None =
     await send_bytes(send, status, json_bytes(payload), JSON_TYPE, headers)
 
 
+class DisconnectWatch:
+    """Cancels the task that made it when the client disconnects, until `done()`.
+
+    The handler catches the CancelledError and asks `left()` whether it was this watch's:
+    closing its generators on the way out aborts the work on the workers.
+    """
+
+    def __init__(self, receive):
+        self.task = asyncio.current_task()
+        self.ended = False
+        self.gone = False
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.ended:  # after the answer went out, a disconnect is just the end
+            self.gone = True
+            self.task.cancel()
+
+    def done(self) -> None:
+        self.ended = True
+        self._watcher.cancel()
+
+    def left(self) -> bool:
+        """In an `except CancelledError`: True when the cancellation was the client leaving
+        (and is now absorbed), False when it must propagate."""
+        return self.gone and self.task.uncancel() == 0
+
+
 async def send_event_stream(receive, send, events: AsyncIterator[bytes]) -> None:
     """Stream `events` as they come. A client that leaves mid-stream cancels the wait for
     the next event, which closes `events` (and so aborts the work behind them)."""
-    task = asyncio.current_task()
-    state = {"ended": False, "gone": False}
-
-    async def watch_disconnect() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        if not state["ended"]:
-            state["gone"] = True
-            task.cancel()
-
-    watcher: asyncio.Task | None = None
+    watch: DisconnectWatch | None = None
     await send({"type": "http.response.start", "status": 200, "headers": [SSE_TYPE]})
     try:
         async with aclosing(events):
             async for event in events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-                if watcher is None:  # started after the first event: off the path to it
-                    watcher = asyncio.get_running_loop().create_task(watch_disconnect())
-        state["ended"] = True
+                if watch is None:  # started after the first event: off the path to it
+                    watch = DisconnectWatch(receive)
+        if watch is not None:
+            watch.ended = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
-        if state["gone"] and task.uncancel() == 0:
-            return  # our own cancellation: the client left, nothing more to do
+        if watch is not None and watch.left():
+            return  # the client left, nothing more to do
         raise
     finally:
-        state["ended"] = True
-        if watcher is not None:
-            watcher.cancel()
+        if watch is not None:
+            watch.done()

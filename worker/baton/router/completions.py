@@ -20,6 +20,7 @@ from baton.router.asgi_io import (
     MAX_BODY_BYTES,
     BodyTooLarge,
     ClientGone,
+    DisconnectWatch,
     read_body,
     send_event_stream,
     send_json,
@@ -113,14 +114,24 @@ class CompletionService:
             await send_event_stream(receive, send, events)
             return 200
         text, last = first.text, first
+        # nothing is sent until the end, so only the watch notices a client that leaves: it
+        # cancels the wait, which closes `deltas` and aborts the request on its worker
+        watch = DisconnectWatch(receive)
         try:
             async with aclosing(deltas):
                 while last.finish_reason is None:
                     last = await anext(deltas)
                     text += last.text
+        except asyncio.CancelledError:
+            if watch.left():
+                return None
+            raise
         except Exception as e:
+            watch.ended = True
             return await _send_error(send, api_error(e))
         finally:
+            watch.ended = True
+            watch.done()
             self._finish(started, last.completion_tokens)
         await send_json(send, 200, responses.full_response(
             kind, request_id, req.model, text, last.finish_reason, len(req.prompt_ids), last.completion_tokens))

@@ -37,6 +37,14 @@ class Deadlines:
     max_prefill_tries: int = 2
 
 
+# Generation room a reservation holds beyond the prompt. Holding all of `max_tokens` would let
+# a few requests that never send it (chat defaults to the rest of the context) fill a decode
+# pool with room they mostly never use; past this headroom the decode worker grows the
+# sequence block by block as it generates, as it does for any local request (and preempts
+# the newest sequence if the pool does run out). OpenAI's max_tokens meaning is unchanged.
+RESERVE_HEADROOM_TOKENS = 256
+
+
 class NoCapacity(Exception):
     """No worker can take the request within its deadline (503)."""
 
@@ -59,8 +67,10 @@ class Chunk:
 class Dispatcher:
     def __init__(self, pool: WorkerPool, client: WorkerClient, estimator: ThresholdEstimator,
                  block_size: int, metrics: RouterMetrics, deadlines: Deadlines | None = None,
-                 index: PrefixIndex | None = None):
+                 index: PrefixIndex | None = None,
+                 reserve_headroom_tokens: int = RESERVE_HEADROOM_TOKENS):
         self.pool, self.client, self.estimator = pool, client, estimator
+        self.reserve_headroom_tokens = reserve_headroom_tokens
         self.block_size = block_size
         self.metrics = metrics
         self.deadlines = deadlines or Deadlines()
@@ -133,10 +143,11 @@ class Dispatcher:
     async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
         deadline = time.monotonic() + self.deadlines.reserve_wait_s
         delay = 0.02
+        headroom = min(params["max_tokens"], self.reserve_headroom_tokens)
         while True:
             for worker in await self._decode_candidates():
                 try:
-                    ticket = await self.client.reserve(worker.url, rid, prompt, params, params["max_tokens"])
+                    ticket = await self.client.reserve(worker.url, rid, prompt, params, headroom)
                     return worker.url, ticket
                 except WorkerRefused:
                     self.metrics.retries.labels("reserve_refused").inc()

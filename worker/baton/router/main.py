@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-waiting", type=int, default=1024, help="queued beyond that, then 429")
     parser.add_argument("--max-body-bytes", type=int, default=int(env("BATON_MAX_BODY_BYTES", str(4 << 20))),
                         help="larger request bodies are refused with 413 before they are read")
+    parser.add_argument("--reserve-headroom-tokens", type=int, default=256,
+                        help="generation room a decode reservation holds beyond the prompt (at "
+                             "most max_tokens); past it the decode worker grows the sequence as it goes")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between worker state polls")
     parser.add_argument("--log-level", default="warning")
 
@@ -67,7 +70,7 @@ def build_app(args: argparse.Namespace):
         internal_token=os.environ.get("BATON_INTERNAL_TOKEN"),
         disagg_threshold=parse_threshold(args.disagg_threshold),
         max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval,
-        max_body_bytes=args.max_body_bytes)
+        max_body_bytes=args.max_body_bytes, reserve_headroom_tokens=args.reserve_headroom_tokens)
     return create_app(model, discovery, config)
 
 
