@@ -32,3 +32,16 @@ async def fake_workers(model_info, script):
     yield make
     for worker in started:
         await worker.stop()
+
+
+@pytest.fixture(scope="session")
+def real_workers():
+    """A real prefill worker and a real decode worker whose pool holds ~7k tokens: one chat
+    request reserving the rest of SmolLM2's 8k context would take all of it."""
+    from tests.server.workers import start_workers
+
+    pool = ["--block-size", "16", "--kv-cache-memory-gb", "0.3"]
+    prefill, decode = start_workers([("p", "prefill", pool, None), ("d", "decode", pool, None)])
+    yield prefill, decode
+    for w in (prefill, decode):
+        w.stop()

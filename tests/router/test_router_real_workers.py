@@ -14,22 +14,16 @@ import pytest_asyncio
 from router_harness import running_router
 
 from baton.router.dispatch import Deadlines
-from tests.server.workers import TOKEN, start_workers
+from tests.server.workers import TOKEN
 
 pytestmark = pytest.mark.asyncio
 HELD = 4  # chat requests held open at once, none with max_tokens
 MESSAGES = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
 
 
-@pytest.fixture(scope="module")
-def workers():
-    """A prefill worker and a decode worker whose pool holds ~8k tokens: one chat request
-    reserving the rest of SmolLM2's 8k context would take all of it."""
-    pool = ["--block-size", "16", "--kv-cache-memory-gb", "0.3"]
-    prefill, decode = start_workers([("p", "prefill", pool, None), ("d", "decode", pool, None)])
-    yield prefill, decode
-    for w in (prefill, decode):
-        w.stop()
+@pytest.fixture
+def workers(real_workers):
+    return real_workers
 
 
 async def free_blocks(worker) -> int:

@@ -88,3 +88,10 @@ def test_the_most_stop_strings_allowed_cost_a_bounded_amount_per_token(model_inf
     plain = min(run(tok, ids, n, []) for _ in range(2))
     worst = min(run(tok, ids, n, stops) for _ in range(2))
     assert worst < 20 * plain + 0.2, f"{worst:.3f} s with stops vs {plain:.3f} s without"
+
+
+def test_a_vanishing_temperature_is_greedy(model_info):
+    """Found by the abuse suite: 1e-155 overflowed the worker's logits (502 after retries)."""
+    req = parse_completion({"prompt": "x", "temperature": 1.2538104876803428e-155}, model_info)
+    assert req.temperature == 0.0
+    assert parse_completion({"prompt": "x", "temperature": 0.5}, model_info).temperature == 0.5

@@ -71,7 +71,19 @@ class CompletionService:
 
     async def handle(self, kind: str, scope, receive, send) -> None:
         endpoint = "chat" if kind == "chat" else "completions"
-        status = await self._serve(kind, scope, receive, send)
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            status = await self._serve(kind, scope, receive, tracked_send)
+        except Exception as e:  # a bug, not bad input: still an OpenAI-shaped answer
+            if started:
+                raise
+            status = await _send_error(send, api_error(e))
         if status is not None:
             self.metrics.requests.labels(endpoint, str(status)).inc()
 

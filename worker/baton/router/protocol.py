@@ -17,6 +17,7 @@ from baton.router.tokenizing import ModelInfo
 
 MAX_JSON_DEPTH = 64  # an OpenAI body nests a handful of levels; deeper is an attack
 ECHO_CHARS = 80  # how much of a rejected value an error message repeats
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (as vLLM's does)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
 # Parameters the engine cannot honour: rejected unless they carry their neutral value.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -92,12 +93,12 @@ def parse_body(kind: str, raw: bytes, model: ModelInfo) -> GenerationRequest:
 
 
 def _check_depth(value: Any) -> None:
-    stack = [(value, 1)]
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
         if depth > MAX_JSON_DEPTH:
             raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+        children = item.values() if isinstance(item, dict) else item
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
@@ -214,6 +215,8 @@ def _finish(body: dict, kind: str, ids: list[int], model: ModelInfo,
                           f"{len(ids)} prompt tokens plus {max_tokens} completion tokens", "max_tokens")
     req = GenerationRequest(kind=kind, model=model.name, prompt_ids=ids, max_tokens=max_tokens)
     req.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if req.temperature < GREEDY_BELOW:
+        req.temperature = 0.0  # dividing logits by ~0 overflows them: it means greedy anyway
     req.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if req.top_p <= 0.0:
         raise bad_request("'top_p' must be in (0, 1]", "top_p")
