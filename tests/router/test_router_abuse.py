@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.server.workers import TOKEN, free_port
 
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # big reprs
 DEADLINE_S = 30.0  # per request: a slower answer counts as a hang
 EXAMPLES = 100  # per endpoint; ~30-60 s in all with the workers' start, on two loaded cores
 MAX_MODEL_LEN = 512  # long prompts are refused fast instead of prefilled for seconds
