@@ -20,6 +20,16 @@ from .conftest import make_engine
         ("hi", SamplingParams(temperature=-1), "temperature"),
         ("hi", SamplingParams(top_p=0), "top_p"),
         ("word " * 9000, SamplingParams(), "context limit is 8192"),
+        # what the internal API may hand over as JSON decoded: never let it reach a step
+        ("hi", SamplingParams(temperature=float("nan")), "temperature must be a finite number"),
+        ("hi", SamplingParams(temperature=float("inf")), "temperature must be a finite number"),
+        ("hi", SamplingParams(top_p=float("nan")), "top_p"),
+        ("hi", SamplingParams(top_k=1.5), "top_k must be an integer"),
+        ("hi", SamplingParams(logprobs=1.5), "logprobs must be an integer"),
+        ("hi", SamplingParams(seed=2**70), "seed must be a 64-bit integer"),
+        ("hi", SamplingParams(stop=[1]), "stop must be a string or a list of strings"),
+        ("hi", SamplingParams(stop_token_ids="abc"), "stop_token_ids must be a list of token ids"),
+        ("hi", SamplingParams(ignore_eos="yes"), "ignore_eos must be true or false"),
     ],
 )
 def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine_fp32, prompt, params, message):
@@ -31,6 +41,7 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine_fp32, prom
         done += [o for o in engine_fp32.step() if o.finished]
     assert [o.request_id for o in done] == [running] and len(done[0].token_ids) == 4
     engine_fp32.release(running)
+    assert not engine_fp32.sequences  # nothing half-registered that drain would wait for
 
 
 def test_unknown_model_path():

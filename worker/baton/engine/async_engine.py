@@ -140,7 +140,7 @@ class AsyncEngine:
             self.engine.release(item.request_id)  # bookkeeping only: blocks are already free
         if target is not None:
             loop, q = target
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            loop.call_soon_threadsafe(q.put_nowait, EngineError(item.error) if item.error else item)
 
     def _fail_running(self, error: Exception) -> None:
         for request_id, seq in list(self.engine.sequences.items()):

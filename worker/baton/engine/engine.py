@@ -14,8 +14,8 @@ from baton.engine.config import EngineConfig
 from baton.engine.loader import load_source
 from baton.engine.model_runner import ModelRunner
 from baton.engine.outputs import RequestOutput
-from baton.engine.sampling import SamplingParams, sample, skip_draws
-from baton.engine.scheduler import Scheduler
+from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
+from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
 from baton.engine.stopping import StopChecker
 
@@ -87,6 +87,9 @@ class Engine:
             )
         if -(-(len(ids) + 1) // self.config.block_size) > self.blocks.num_blocks:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit this worker's KV cache")
+        if params.seed_offset > len(ids):  # each skipped draw costs a vocabulary of noise
+            raise ValueError(f"seed_offset {params.seed_offset} exceeds the prompt's {len(ids)} tokens "
+                             "(it counts sampled tokens kept in the prompt)")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -96,10 +99,10 @@ class Engine:
         return seq
 
     def _register(self, seq: Sequence) -> None:
+        # the checker first: if it cannot be built, no half-registered sequence stays behind
+        checker = StopChecker(self.tokenizer, seq, self.max_model_len)
         self.sequences[seq.request_id] = seq
-        self.stop_checkers[seq.request_id] = StopChecker(
-            self.tokenizer, seq, self.max_model_len
-        )
+        self.stop_checkers[seq.request_id] = checker
 
     def add_request(
         self,
@@ -147,7 +150,10 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self, layer_hook=None) -> list[RequestOutput]:
-        """Schedule, run and sample one step; report every request that progressed."""
+        """Schedule, run and sample one step; report every request that progressed.
+
+        A failure is charged to the sequences that cause it: the batch is re-run one
+        sequence at a time, those that fail alone end with the error, the others go on."""
         batch = self.scheduler.schedule()
         outputs = []
         for seq in batch.out_of_kv:
@@ -156,19 +162,57 @@ class Engine:
         if not (batch.prefills or batch.decodes):
             return outputs
         started = time.perf_counter()
+        try:
+            sampled = self._run(batch, layer_hook)
+        except Exception as exc:
+            sampled = self._run_one_by_one(batch, layer_hook, exc, outputs)
+        self.stats.record_step(batch, time.perf_counter() - started)
+        now = time.monotonic()
+        for seq, result in sampled:
+            try:
+                outputs.append(self._append_token(seq, result, now))
+            except Exception as exc:
+                outputs.append(self._fail(seq, exc))
+        return outputs
+
+    def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:
+        """Run and sample a batch; a sequence's state changes only once both succeeded, so a
+        failed run can be retried."""
         sampling, logits = self.runner.run(batch, layer_hook or _listener_hook(batch))
+        results = sample(logits, [s.params for s in sampling], [s.generator for s in sampling])
         for seq, n in batch.prefills:
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
             self.blocks.register_full_blocks(seq)
-        results = sample(logits, [s.params for s in sampling], [s.generator for s in sampling])
-        self.stats.record_step(batch, time.perf_counter() - started)
-        now = time.monotonic()
-        for seq, result in zip(sampling, results):
-            outputs.append(self._append_token(seq, result, now))
-        return outputs
+        return list(zip(sampling, results))
+
+    def _run_one_by_one(self, batch: ScheduledBatch, layer_hook, error: Exception,
+                        outputs: list[RequestOutput]) -> list[tuple[Sequence, SampleResult]]:
+        seqs = [seq for seq, _ in batch.prefills] + batch.decodes
+        if len(seqs) == 1:
+            outputs.append(self._fail(seqs[0], error))
+            return []
+        log.warning("a step of %d sequences failed (%r); running them one by one", len(seqs), error)
+        parts = [ScheduledBatch(prefills=[p]) for p in batch.prefills]
+        parts += [ScheduledBatch(decodes=[d]) for d in batch.decodes]
+        sampled = []
+        for seq, part in zip(seqs, parts):
+            try:
+                sampled += self._run(part, layer_hook)
+            except Exception as exc:
+                outputs.append(self._fail(seq, exc))
+        return sampled
+
+    def _fail(self, seq: Sequence, error: Exception) -> RequestOutput:
+        """End one sequence because of an error; its output carries the message."""
+        log.error("request %s failed in an engine step: %r", seq.request_id, error)
+        self.scheduler.remove(seq)
+        self._finish(seq, "abort")
+        out = self._output(seq, [], "")
+        out.error = f"engine step failed: {type(error).__name__}: {error}"
+        return out
 
     def _append_token(self, seq: Sequence, result, now: float) -> RequestOutput:
         seq.token_ids.append(result.token_id)

@@ -114,7 +114,7 @@ def import_sequence(engine, state: dict, headroom_tokens: int = 16) -> list[int]
     params = SamplingParams(**state["params"])
     seq = engine._new_sequence(state["token_ids"][: state["num_prompt_tokens"]], params, state["request_id"],
                                skip_seeded_draws=False)  # the generator's state comes with it
-    seq.token_ids = list(state["token_ids"])
+    seq.token_ids = engine.tokenize(list(state["token_ids"]))  # ids in the vocabulary
     seq.num_cached_tokens = state.get("num_cached_tokens", 0)
     seq.logprobs = list(state.get("logprobs", []))
     if state.get("sampler_state") is not None:

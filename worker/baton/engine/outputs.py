@@ -19,6 +19,7 @@ class RequestOutput:
     logprobs: list[dict] = field(default_factory=list)
     arrival_time: float = 0.0
     first_token_time: float | None = None
+    error: str | None = None  # set when an engine failure ended this request (reason "abort")
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+from baton.engine.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
@@ -23,24 +28,52 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; k = also return the top-k alternatives
 
     def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        """Refuse anything the sampler or the stop checker could choke on (the internal API
+        passes JSON here as it came): each error names the field and what it accepts."""
+        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.seed_offset, bool) or not isinstance(self.seed_offset, int) or self.seed_offset < 0:
+        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not -(2**63) <= self.seed < 2**64):
+            raise ValueError(f"seed must be a 64-bit integer, got {self.seed!r}")
+        if not _is_int(self.seed_offset) or self.seed_offset < 0:
             raise ValueError(f"seed_offset must be a non-negative integer, got {self.seed_offset!r}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs must be an integer between 0 and 20, got {self.logprobs!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop, list | tuple) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r:.80}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise ValueError(f"stop: each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters")
+        self.stop = list(self.stop)
+        ids = self.stop_token_ids
+        if not isinstance(ids, list | tuple) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r:.80}")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} token ids, got {len(ids)}")
+        self.stop_token_ids = list(ids)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # a temperature this small would overflow the scaled logits: it means greedy
+        return self.temperature < GREEDY_BELOW
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass

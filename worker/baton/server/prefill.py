@@ -26,6 +26,7 @@ import os
 import time
 from dataclasses import replace
 
+from baton.engine.async_engine import EngineError
 from baton.engine.sampler_state import export_state
 from baton.engine.sequence import SequenceStatus
 from baton.kv.dtypes import dtype_name
@@ -206,6 +207,8 @@ class PrefillService:
                     return out
         except RequestAborted as exc:
             raise ApiError(409, str(exc), "aborted", "aborted") from None
+        except EngineError as exc:
+            raise ApiError(500, f"prefill of {request_id!r}: {exc}", "internal", "engine_error") from None
         except TimeoutError:
             raise ApiError(504, f"prefill of {request_id!r} did not finish before its deadline", "timeout", "prefill_timeout") from None
         raise ApiError(500, f"prefill of {request_id!r} ended without output", "internal", "no_output")
