@@ -38,6 +38,7 @@ class _Entry:
     loop: asyncio.AbstractEventLoop
     opened_at: float = field(default_factory=time.monotonic)
     claimed: bool = False
+    output_seen_at: float | None = None  # when a sweep first found output nobody reads
 
 
 class StreamBook:
@@ -79,6 +80,20 @@ class StreamBook:
         for rid, entry in list(self._entries.items()):
             if not entry.claimed and now - entry.opened_at > max_age_s and not is_live(rid):
                 self.close(rid)
+
+    def orphans(self, claim_timeout_s: float) -> list[str]:
+        """Requests producing tokens that nobody claimed within `claim_timeout_s` of the
+        first one: whoever asked for them (a router that died) will never read them."""
+        now = time.monotonic()
+        found = []
+        for rid, entry in self._entries.items():
+            if entry.claimed or entry.queue.empty():
+                continue
+            if entry.output_seen_at is None:
+                entry.output_seen_at = now
+            elif now - entry.output_seen_at > claim_timeout_s:
+                found.append(rid)
+        return found
 
 
 async def relay(
@@ -143,10 +158,25 @@ async def relay(
     finally:
         book.close(request_id)
         if not done:
-            try:
-                await on_abandon(request_id, target)
-            except Exception:
-                log.exception("stopping abandoned request %s failed", request_id)
+            # The client went away, so this task is being cancelled: any await here would be
+            # cancelled too. The abort runs in a task of its own, with its own deadline.
+            _detach(on_abandon(request_id, target), request_id)
+
+
+_detached: set[asyncio.Task] = set()  # strong references until they end
+ABANDON_DEADLINE_S = 30.0
+
+
+def _detach(coro, request_id: str) -> None:
+    async def run():
+        try:
+            await asyncio.wait_for(coro, ABANDON_DEADLINE_S)
+        except Exception:
+            log.exception("stopping abandoned request %s failed", request_id)
+
+    task = asyncio.get_running_loop().create_task(run())
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
 
 
 def _error(message: str, code: str) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 from baton.engine.async_engine import AsyncEngine
 from baton.engine.engine import Engine
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 INSECURE_KV_TOKEN = "baton-insecure-local"
 JANITOR_INTERVAL_S = 0.2
 UNCLAIMED_STREAM_TTL_S = 120.0
+# a stream's first token is claimed right after the prefill answer reaches the router; one
+# unclaimed this long after it has no reader left (its router died): stop decoding it
+STREAM_CLAIM_TIMEOUT_S = 30.0
 
 
 class Worker:
@@ -37,6 +41,7 @@ class Worker:
         self.engine: Engine | None = None
         self.load_error: str | None = None
         self._janitor: asyncio.Task | None = None
+        self.claim_timeout_s = float(os.environ.get("BATON_STREAM_CLAIM_TIMEOUT_S", STREAM_CLAIM_TIMEOUT_S))
 
     @property
     def loaded(self) -> bool:
@@ -107,6 +112,10 @@ class Worker:
             try:
                 await self.intake.sweep_expired()
                 self.book.sweep_unclaimed(UNCLAIMED_STREAM_TTL_S, lambda rid: rid in self.engine.sequences)
+                for rid in self.book.orphans(self.claim_timeout_s):
+                    log.warning("nobody claimed the stream of %s: aborting it", rid)
+                    await self.stop_request(rid)
+                    self.book.close(rid)
             except Exception:
                 log.exception("janitor pass failed")
 
