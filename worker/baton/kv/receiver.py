@@ -27,9 +27,23 @@ from baton.kv.transport import (
     internal_token,
     maybe_await,
 )
-from baton.kv.wire import ChecksumMismatch, FrameHeader, FrameKind, WireError, verify_payload
+from baton.kv.wire import (
+    MAX_REQUEST_ID_BYTES,
+    PREAMBLE,
+    ChecksumMismatch,
+    FrameHeader,
+    FrameKind,
+    WireError,
+    body_length,
+    verify_payload,
+)
 
 log = logging.getLogger(__name__)
+
+# a HELLO names no blocks and no tensor: its header is the fixed part and a request id, its
+# payload a token and two worker ids in JSON
+MAX_HELLO_BODY_BYTES = 64 + MAX_REQUEST_ID_BYTES
+MAX_HELLO_PAYLOAD_BYTES = 8192
 
 
 class FrameReceiver(KVReceiver):
@@ -44,6 +58,8 @@ class FrameReceiver(KVReceiver):
         worker_id: str,
         token: str | None = None,
         frame_timeout: float = 30.0,  # a frame, once begun, must arrive within this
+        handshake_timeout: float = 5.0,  # a new connection must have sent its HELLO by then
+        max_unauthenticated: int = 64,  # connections still in their handshake, at most
         idle_timeout: float = 600.0,  # a connection with nothing to say is closed after this
         end_grace: float = 10.0,  # after END, missing (re-sent) layers must arrive within this
         sweep_interval: float = 0.2,
@@ -55,6 +71,10 @@ class FrameReceiver(KVReceiver):
         self.worker_id = worker_id
         self._token = internal_token(token).encode()
         self.frame_timeout = frame_timeout
+        self.handshake_timeout = handshake_timeout
+        self.max_unauthenticated = max_unauthenticated
+        self._unauthenticated = 0
+        self.refused_connections = 0
         self.idle_timeout = idle_timeout
         self.end_grace = end_grace
         self.sweep_interval = sweep_interval
@@ -105,12 +125,22 @@ class FrameReceiver(KVReceiver):
         loop = asyncio.get_running_loop()
         while True:
             sock, _ = await loop.sock_accept(self._listener)
+            if self._unauthenticated >= self.max_unauthenticated:
+                # a flood of silent connections: refuse at once rather than hold them
+                self.refused_connections += 1
+                sock.close()
+                continue
+            self._unauthenticated += 1
             self._spawn(self._serve(FrameConn(sock)))
 
     # -- one connection ------------------------------------------------------------------
     async def _serve(self, conn: FrameConn) -> None:
         try:
-            if await self._handshake(conn):
+            try:
+                authenticated = await self._handshake(conn)
+            finally:
+                self._unauthenticated -= 1
+            if authenticated:
                 while True:
                     async with asyncio.timeout(self.idle_timeout):
                         preamble = await conn.recv_preamble()
@@ -129,15 +159,21 @@ class FrameReceiver(KVReceiver):
             conn.close()
 
     async def _handshake(self, conn: FrameConn) -> bool:
-        async with asyncio.timeout(self.frame_timeout):
-            h = await conn.recv_header()
-            if h.kind != FrameKind.HELLO:
+        """HELLO with the token before anything else. Until it has been checked, a peer gets
+        at most a small header and payload read into small buffers, for a few seconds."""
+        async with asyncio.timeout(self.handshake_timeout):
+            preamble = await conn.recv_preamble()
+            body_len = body_length(preamble)
+            if PREAMBLE.unpack(preamble)[2] != FrameKind.HELLO:  # (magic, version, kind, ...)
                 await self._send_error(
-                    conn,
-                    h.request_id,
-                    ErrorInfo(ErrorCode.AUTH, "first frame must be HELLO with the shared token"),
+                    conn, "", ErrorInfo(ErrorCode.AUTH, "first frame must be HELLO with the shared token")
                 )
                 return False
+            if body_len > MAX_HELLO_BODY_BYTES:
+                raise WireError(f"header: a HELLO header of {body_len} bytes (at most {MAX_HELLO_BODY_BYTES})")
+            h = await conn.recv_header_rest(preamble)
+            if h.payload_nbytes > MAX_HELLO_PAYLOAD_BYTES:
+                raise WireError(f"payload_nbytes: a HELLO of {h.payload_nbytes} bytes (at most {MAX_HELLO_PAYLOAD_BYTES})")
             payload = await conn.recv_payload(h.payload_nbytes)
             verify_payload(h, payload.numpy())
             hello = decode_control(h, payload.numpy())
