@@ -69,6 +69,26 @@ def test_settings_name_the_worker_and_its_kv_address():
         WorkerSettings(kv_transport="carrier-pigeon").validate()
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "worker-0.example"])
+def test_insecure_mode_is_refused_off_loopback(host):
+    with pytest.raises(ValueError, match=f"--insecure-no-token serves an open API.*got '{host}'"):
+        WorkerSettings(host=host, insecure_no_token=True).validate()
+    WorkerSettings(host=host, insecure_no_token=False).validate()  # with a token: anywhere
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_insecure_mode_runs_on_loopback(host):
+    WorkerSettings(host=host, insecure_no_token=True).validate()
+
+
+def test_an_insecure_worker_on_a_public_address_does_not_start(monkeypatch, capsys):
+    monkeypatch.delenv("BATON_INTERNAL_TOKEN", raising=False)
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    assert main.run(parser.parse_args(["--insecure-no-token", "--host", "0.0.0.0"])) == 2
+    assert "--insecure-no-token serves an open API" in capsys.readouterr().err
+
+
 def test_corrupt_hook_flips_one_layer_once_per_matching_request(monkeypatch):
     monkeypatch.setenv("BATON_TEST_CORRUPT_LAYER", "2")
     monkeypatch.setenv("BATON_TEST_CORRUPT_PREFIX", "corrupt-")
@@ -116,8 +136,44 @@ def test_a_silent_stream_sends_keepalives_then_a_clear_timeout(monkeypatch):
         async for chunk in streams.relay(Book(), "r", asyncio.Queue(), follow=None,
                                          on_abandon=on_abandon, token_timeout_s=0.2):
             chunks.append(chunk)
+        await asyncio.sleep(0.05)  # the abort runs in a task of its own
         return chunks
 
     chunks = asyncio.run(collect())
     assert chunks[0] == sse.KEEPALIVE and chunks[-1] == sse.DONE
     assert "within 0.2s" in chunks[-2] and abandoned == ["r"]
+
+
+def test_the_abort_of_a_stream_cancelled_by_its_server_still_runs():
+    """Starlette stops a stream whose client left by cancelling an anyio scope; every await
+    in that scope is cancelled again, so the abort must not run inside it."""
+    import asyncio
+
+    import anyio
+
+    from baton.server import streams
+
+    class Book:
+        def close(self, _rid):
+            pass
+
+    abandoned = []
+
+    async def on_abandon(rid, target):
+        await asyncio.sleep(0.05)  # a call to the engine thread
+        abandoned.append(rid)
+
+    async def main():
+        async def consume():
+            async for _ in streams.relay(Book(), "r", asyncio.Queue(), follow=None,
+                                         on_abandon=on_abandon, token_timeout_s=60):
+                pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await asyncio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        await asyncio.sleep(0.3)
+
+    asyncio.run(main())
+    assert abandoned == ["r"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from dataclasses import dataclass, field
@@ -9,6 +10,15 @@ from dataclasses import dataclass, field
 from baton.engine.config import ROLES
 
 KV_TRANSPORTS = ("tcp", "shm", "auto")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -41,6 +51,11 @@ class WorkerSettings:
             raise ValueError(f"--kv-transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
+        if self.insecure_no_token and not is_loopback(self.host):
+            # without a token the HTTP API is open and the KV port takes a well-known token:
+            # acceptable only where no other machine can reach either
+            raise ValueError(f"--insecure-no-token serves an open API: --host must be a loopback "
+                             f"address (127.0.0.1, ::1, localhost), got {self.host!r}")
 
     @property
     def name(self) -> str:

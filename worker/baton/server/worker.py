@@ -24,7 +24,8 @@ from baton.server.streams import Ended, StreamBook
 log = logging.getLogger(__name__)
 
 # With --insecure-no-token the HTTP API is open; the KV transport still insists on a token,
-# so local workers share this fixed one.
+# so local workers share this fixed one. Settings refuse that mode on any address but
+# loopback, where the open HTTP API already gives a local user as much.
 INSECURE_KV_TOKEN = "baton-insecure-local"
 JANITOR_INTERVAL_S = 0.2
 UNCLAIMED_STREAM_TTL_S = 120.0
