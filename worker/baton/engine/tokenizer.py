@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import jinja2
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 
@@ -22,7 +23,9 @@ class Tokenizer:
         self.chat_template = chat_template
         self._template = None
         if chat_template:
-            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+            # a template comes with the model's files: it runs sandboxed, so it can reach no
+            # Python internals (attributes like __class__) and change none of its arguments
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
             self._template = env.from_string(chat_template)
 
@@ -48,12 +51,19 @@ class Tokenizer:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"messages[{i}] must have 'role' and 'content'")
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._tok.id_to_token(self.bos_token_id) if self.bos_token_id is not None else "",
-            eos_token=self._tok.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else "",
-        )
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._tok.id_to_token(self.bos_token_id) if self.bos_token_id is not None else "",
+                eos_token=self._tok.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else "",
+            )
+        except SecurityError as exc:
+            raise ValueError(f"chat template: refused by the sandbox: {exc}") from None
+        except ValueError:
+            raise  # raise_exception() in the template: already says so
+        except Exception as exc:  # the template is data: whatever fails in it is its error
+            raise ValueError(f"chat template: {type(exc).__name__}: {exc}") from None
 
 
 def _raise_template_error(message: str):
