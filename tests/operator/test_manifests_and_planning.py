@@ -36,18 +36,40 @@ def test_worker_pod_from_pvc():
     assert args[args.index("--dtype") + 1] == "bfloat16"
     assert args[args.index("--chunk-size") + 1] == "256"
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-    assert body["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
+    model = next(v for v in body["spec"]["volumes"] if v["name"] == "model")
+    assert model["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
     assert body["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
     assert body["metadata"]["labels"][labels.ROLE] == "decode"
 
 
 def test_worker_pod_from_host_path_and_bundled():
     host = workers.worker_pod("d", "p", "prefill", spec(model={"source": "hostPath", "path": "/data/m"}))
-    assert host["spec"]["volumes"][0]["hostPath"]["path"] == "/data/m"
+    model = next(v for v in host["spec"]["volumes"] if v["name"] == "model")
+    assert model["hostPath"]["path"] == "/data/m"
     assert "/models" in host["spec"]["containers"][0]["args"]
     bundled = workers.worker_pod("d", "p", "prefill", spec())
-    assert "volumes" not in bundled["spec"]
+    assert [v["name"] for v in bundled["spec"]["volumes"]] == ["scratch"]
     assert bundled["spec"]["containers"][0]["args"][5] == "bundled"
+
+
+def test_worker_pods_run_with_least_privilege():
+    for s in (spec(), spec(model={"source": "pvc", "claimName": "models", "path": "m"})):
+        for role in ("prefill", "decode"):
+            body = workers.worker_pod("d", "p", role, s)
+            pod_ctx = body["spec"]["securityContext"]
+            assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] != 0
+            assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert body["spec"]["automountServiceAccountToken"] is False
+            container = body["spec"]["containers"][0]
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False and ctx["privileged"] is False
+            assert ctx["capabilities"] == {"drop": ["ALL"]} and ctx["readOnlyRootFilesystem"] is True
+            # the one writable place, and every cache pointed at it
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            assert mounts["/tmp"]["name"] == "scratch" and not mounts["/tmp"].get("readOnly")
+            assert all(m.get("readOnly") for path, m in mounts.items() if path != "/tmp")
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["HOME"].startswith("/tmp") and env["XDG_CACHE_HOME"].startswith("/tmp")
 
 
 def test_network_policy_and_pool_service_select_only_this_deployment():

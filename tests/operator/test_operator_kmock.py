@@ -226,6 +226,16 @@ async def test_bad_spec_sets_degraded_and_recovers(emulator, operator_factory):
         await eventually(lambda: len(pods(emulator)) == 2, what="pods after the fix")
 
 
+async def test_a_host_path_model_is_refused_unless_allowed(emulator, operator_factory):
+    async with operator_factory():
+        await api(emulator, "POST", PDD, pdd_body(model={"source": "hostPath", "path": "/etc"}))
+        degraded = await eventually(lambda: condition(emulator, "Degraded").get("status") == "True"
+                                    and condition(emulator, "Degraded"))
+        assert degraded["reason"] == "InvalidSpec"
+        assert "spec.model.path" in degraded["message"] and "--allow-host-path" in degraded["message"]
+        assert not pods(emulator)
+
+
 async def test_conversion_survives_operator_restart(emulator, operator_factory, fake_worker):
     fake_worker.drain_finished = False
     async with operator_factory():

@@ -44,7 +44,8 @@ class ModelSource(ApiModel):
     source: Literal["bundled", "image", "pvc", "hostPath"] = Field(
         "bundled",
         description="bundled: the small default model inside the worker image; image: a path "
-        "inside the image; pvc: a HF folder on a PersistentVolumeClaim; hostPath: a node folder",
+        "inside the image; pvc: a HF folder on a PersistentVolumeClaim; hostPath: a node folder "
+        "(refused unless the operator allows its prefix with --allow-host-path)",
     )
     path: str | None = Field(None, min_length=1, description="folder or file of the weights")
     claim_name: str | None = Field(None, min_length=1, description="PVC holding the weights")

@@ -23,12 +23,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port of kopf's liveness endpoint (/healthz)")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="serve Prometheus metrics of this process on this port (0: off)")
+    parser.add_argument("--allow-host-path", action="append", default=[], metavar="PREFIX",
+                        help="let PDDeployments load models from node folders under PREFIX "
+                        "(repeatable); without it a hostPath model source is refused")
     parser.add_argument("--verbose", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     config = OperatorConfig(resync_seconds=args.resync_seconds,
-                            metrics_namespace=args.metrics_namespace or None)
+                            metrics_namespace=args.metrics_namespace or None,
+                            allowed_host_paths=tuple(args.allow_host_path))
     registry = kopf.OperatorRegistry()
     register(registry, config)
     kopf.configure(verbose=args.verbose)

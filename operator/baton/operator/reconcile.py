@@ -17,7 +17,7 @@ import kopf
 from baton.api import SpecProblem, parse_spec
 from baton.api.models import PDDeploymentSpec
 
-from . import labels, status
+from . import admission, labels, status
 from .actuation import EventSink, PodActuator
 from .config import OperatorConfig
 from .kube import KubeApi
@@ -82,6 +82,7 @@ class Reconciler:
         generation = owner["metadata"].get("generation")
         try:
             spec = parse_spec(owner.get("spec"))
+            admission.check_spec(spec, self.config.allowed_host_paths)
         except SpecProblem as problem:
             new = status.invalid_spec_status(previous, generation, str(problem), self._stamp())
             if await self._write_status(namespace, name, previous, new):

@@ -13,6 +13,8 @@ from .names import secret_name
 
 MODEL_MOUNT = "/models"
 TOKEN_KEY = "token"
+WORKER_UID = 10001  # the worker image's user (worker/Dockerfile)
+SCRATCH_MOUNT = "/tmp"  # the only writable folder: compiled kernels, caches, sockets
 
 
 def model_argument(spec: PDDeploymentSpec) -> str:
@@ -105,8 +107,12 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
             {"name": "BATON_KV_TRANSPORT", "value": spec.kv_transfer.transport},
             {"name": "BATON_KV_BANDWIDTH_GBPS", "value": str(spec.kv_transfer.bandwidth_gbps)},
             {"name": "BATON_TENSOR_PARALLEL_SIZE", "value": str(pool.tensor_parallel_size)},
+            # the root filesystem is read-only: whatever a library caches goes to scratch
+            {"name": "HOME", "value": SCRATCH_MOUNT},
+            {"name": "XDG_CACHE_HOME", "value": f"{SCRATCH_MOUNT}/cache"},
         ],
         "resources": _resources(pool),
+        "securityContext": container_security_context(),
         # Loading weights can take minutes: the startup probe holds liveness off until then.
         "startupProbe": _http_probe("/health", period=5, failures=120),
         "livenessProbe": _http_probe("/health", period=10, failures=3),
@@ -117,12 +123,15 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # a worker never calls the Kubernetes API
+        "securityContext": pod_security_context(),
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "4Gi"}}],
     }
+    container["volumeMounts"] = [{"name": "scratch", "mountPath": SCRATCH_MOUNT}]
     volume = _model_volume(spec)
     if volume is not None:
-        pod_spec["volumes"] = [volume]
-        mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
-        container["volumeMounts"] = [mount]
+        pod_spec["volumes"].append(volume)
+        container["volumeMounts"].append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
@@ -138,6 +147,28 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
             "annotations": {labels.TEMPLATE_HASH: template_hash(spec)},
         },
         "spec": pod_spec,
+    }
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": WORKER_UID,
+        "runAsGroup": WORKER_UID,
+        "fsGroup": WORKER_UID,  # a model volume is readable by the worker
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """Least privilege: no root, no new privileges, no capabilities, nothing to write
+    outside the scratch volume."""
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
     }
 
 
