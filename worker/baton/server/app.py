@@ -185,6 +185,9 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
         except ValueError as exc:
             w.book.close(rid)
             raise bad_request(str(exc)) from None
+        except BaseException:
+            w.book.close(rid)  # no stream left behind for a request that never started
+            raise
         return sse_response(w, rid, w.book.claim(rid))
 
     @app.get("/internal/stream/{request_id}")
