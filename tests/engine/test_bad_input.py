@@ -30,6 +30,9 @@ from .conftest import make_engine
         ("hi", SamplingParams(stop=[1]), "stop must be a string or a list of strings"),
         ("hi", SamplingParams(stop_token_ids="abc"), "stop_token_ids must be a list of token ids"),
         ("hi", SamplingParams(ignore_eos="yes"), "ignore_eos must be true or false"),
+        # each skipped draw costs a vocabulary of noise on the engine thread
+        ("hi", SamplingParams(temperature=1.0, seed=1, seed_offset=10**9), "seed_offset 1000000000 exceeds"),
+        ("hi", SamplingParams(seed_offset=-1), "seed_offset must be a non-negative integer"),
     ],
 )
 def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine_fp32, prompt, params, message):
