@@ -63,3 +63,22 @@ def test_the_async_engine_reports_the_error_to_that_stream_only(engine_fp32):
             ae.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_seeded_neighbour_keeps_its_random_stream_through_the_retry(engine_fp32):
+    e = engine_fp32
+    seeded = dict(max_tokens=6, temperature=1.0, seed=7, ignore_eos=True)
+    expected = e.generate(["The quick brown fox"], SamplingParams(**seeded))[0].token_ids
+    good = e.add_request("The quick brown fox", SamplingParams(**seeded))
+    bad_params = SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True)
+    bad = e.add_request("Once upon a time", bad_params)
+    bad_params.temperature = float("nan")  # past validation: the sampler fails on its row
+    final = {}
+    while e.has_unfinished():
+        for out in e.step():
+            if out.finished:
+                final[out.request_id] = out
+    assert final[bad].finish_reason == "abort" and final[bad].error
+    assert final[good].token_ids == expected  # the failed batch cost it no draw
+    e.release(good)
+    e.release(bad)

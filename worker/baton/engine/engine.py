@@ -179,7 +179,15 @@ class Engine:
         """Run and sample a batch; a sequence's state changes only once both succeeded, so a
         failed run can be retried."""
         sampling, logits = self.runner.run(batch, layer_hook or _listener_hook(batch))
-        results = sample(logits, [s.params for s in sampling], [s.generator for s in sampling])
+        generators = [s.generator for s in sampling]
+        # a seeded stream must not lose a draw to a retry: put the generators back on failure
+        saved = [(g, g.get_state()) for g in generators if g is not None]
+        try:
+            results = sample(logits, [s.params for s in sampling], generators)
+        except Exception:
+            for g, state in saved:
+                g.set_state(state)
+            raise
         for seq, n in batch.prefills:
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
