@@ -15,6 +15,8 @@ import pytest
 
 from tests.server.workers import TOKEN, generate, new_id, start_workers
 
+pytestmark = pytest.mark.slow  # two worker processes start first (30-60 s on a busy machine)
+
 LONG = {"max_tokens": 3000, "ignore_eos": True}  # minutes of decoding: it must be stopped
 CLAIM_TIMEOUT_S = 2.0
 
