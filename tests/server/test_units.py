@@ -82,7 +82,10 @@ def test_insecure_mode_runs_on_loopback(host):
 
 
 def test_an_insecure_worker_on_a_public_address_does_not_start(monkeypatch, capsys):
+    import uvicorn
+
     monkeypatch.delenv("BATON_INTERNAL_TOKEN", raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the worker started serving"))
     parser = argparse.ArgumentParser()
     main.add_arguments(parser)
     assert main.run(parser.parse_args(["--insecure-no-token", "--host", "0.0.0.0"])) == 2
