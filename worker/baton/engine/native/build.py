@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("decode_step.c")
-HEADERS = (Path(__file__).with_name("decode_step_body.h"),)
+HEADERS = (Path(__file__).with_name("decode_step_body.h"), Path(__file__).with_name("dot_bf16.h"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
 ENTRY_POINTS = {torch.float32: "baton_decode_step_f32", torch.bfloat16: "baton_decode_step_bf16"}

@@ -58,6 +58,7 @@ typedef struct {
     const void *embed, *final_norm, *lm_head, *lm_head_packed;
     const float *cos_sin; /* fp32 [max_positions, head_dim]: cos, then sin */
     const Layer *layers;
+    int bf16_dot; /* bf16 without packed weights: 1 = the CPU's dot products, 0 = MKL's */
 } Model;
 
 typedef struct { /* scratch, each [rows, width] */
@@ -109,10 +110,10 @@ static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16)
 static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* out[rows, n] = x[rows, k] @ w[n, k]^T (+ bias): torch's addmm call for F.linear. */
-static void linear_f32(const float *x, int rows, int k, const void *weight,
+static void linear_f32(const Model *m, const float *x, int rows, int k, const void *weight,
                        const void *unused_packed, int n, const void *bias, float *out,
                        uint16_t *unused) {
-    (void)unused_packed, (void)unused;
+    (void)m, (void)unused_packed, (void)unused;
     const float one = 1.0f;
     float beta = 0.0f;
     if (bias) {
@@ -121,6 +122,10 @@ static void linear_f32(const float *x, int rows, int k, const void *weight,
     }
     sgemm_("T", "N", &n, &rows, &k, &one, (const float *)weight, &k, x, &k, &beta, out, &n);
 }
+
+#include "dot_bf16.h"
+
+int baton_bf16_dot_available(void) { return DOT_BF16_AVAILABLE; }
 
 /* Packed weights: column blocks of this many output features, each in brgemm's layout. */
 #define PACK_COLUMNS 64
@@ -166,7 +171,7 @@ static void product_packed(const uint16_t *input, int rows, int k, const uint16_
 }
 
 /* The same in bf16: fp32 accumulation, the bias added before the one rounding. */
-static void linear_bf16(const float *x, int rows, int k, const void *weight, const void *packed,
+static void linear_bf16(const Model *m, const float *x, int rows, int k, const void *weight, const void *packed,
                         int n, const void *bias, float *out, uint16_t *input) {
     const int64_t in_count = (int64_t)rows * k, out_count = (int64_t)rows * n;
     for (int64_t i = 0; i < in_count; i++) input[i] = f32_to_bf16(x[i]);
@@ -187,6 +192,15 @@ static void linear_bf16(const float *x, int rows, int k, const void *weight, con
             for (int j = 0; j < n; j++) out[(int64_t)r * n + j] = bf16_to_f32(b[j]);
         beta = 1.0f;
     }
+#if DOT_BF16_AVAILABLE
+    if (m->bf16_dot) {
+        product_dot_bf16(input, rows, k, (const uint16_t *)weight, n, out, bias != NULL);
+        for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);
+        return;
+    }
+#else
+    (void)m;
+#endif
     cblas_gemm_bf16bf16f32(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, n, k, 1.0f, input,
                            k, (const uint16_t *)weight, k, beta, out, n);
     for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);

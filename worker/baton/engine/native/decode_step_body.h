@@ -159,7 +159,7 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
     const int qkv_width = (hq + 2 * hkv) * d, kv_width = hkv * d;
     ELEM *k_cache = (ELEM *)layer->k_cache, *v_cache = (ELEM *)layer->v_cache;
     FN(norm_rows)(m, layer->input_norm, rows, ws);
-    FN(linear)(ws->normed, rows, h, layer->qkv, layer->qkv_packed, qkv_width, layer->qkv_bias,
+    FN(linear)(m, ws->normed, rows, h, layer->qkv, layer->qkv_packed, qkv_width, layer->qkv_bias,
                ws->qkv, ws->matmul_input);
     for (int r = 0; r < rows; r++) {
         float *row = ws->qkv + (int64_t)r * qkv_width;
@@ -171,17 +171,17 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
         }
     }
     FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
-    FN(linear)(ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, h, NULL, ws->out,
+    FN(linear)(m, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, h, NULL, ws->out,
                ws->matmul_input);
 }
 
 static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Workspace *ws) {
     const int h = m->hidden, i = m->intermediate;
     FN(norm_rows)(m, layer->post_norm, rows, ws);
-    FN(linear)(ws->normed, rows, h, layer->gate_up, layer->gate_up_packed, 2 * i, NULL, ws->gate_up,
+    FN(linear)(m, ws->normed, rows, h, layer->gate_up, layer->gate_up_packed, 2 * i, NULL, ws->gate_up,
                ws->matmul_input);
     FN(silu_and_mul)(ws->gate_up, rows, i, ws->act);
-    FN(linear)(ws->act, rows, i, layer->down, layer->down_packed, h, NULL, ws->out, ws->matmul_input);
+    FN(linear)(m, ws->act, rows, i, layer->down, layer->down_packed, h, NULL, ws->out, ws->matmul_input);
 }
 
 /* One new token for each of `rows` sequences, at `positions` (their caches hold every
@@ -205,6 +205,6 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
     }
     FN(add_rows)(ws->residual, ws->out, width);
     FN(norm_rows)(m, m->final_norm, rows, ws);
-    FN(linear)(ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->vocab, NULL, logits,
+    FN(linear)(m, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->vocab, NULL, logits,
                ws->matmul_input);
 }

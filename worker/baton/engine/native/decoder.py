@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from baton.engine.native import build
-from baton.engine.native.packing import packed_weights
+from baton.engine.native.packing import packed_weights, use_dot_products
 
 log = logging.getLogger(__name__)
 _f32p = ctypes.POINTER(ctypes.c_float)
@@ -39,6 +39,7 @@ class _Model(ctypes.Structure):
         *[(name, _voidp) for name in ("embed", "final_norm", "lm_head", "lm_head_packed")],
         ("cos_sin", _f32p),
         ("layers", ctypes.POINTER(_Layer)),
+        ("bf16_dot", ctypes.c_int),
     ]
 
 
@@ -78,6 +79,7 @@ class NativeDecoder:
         self._keep = [tensor for tensor, _ in _bound_tensors(model, kv_caches, dtype)]
         self.packed = packed_weights(lib, model) if dtype == torch.bfloat16 else None
         self._keep.append(self.packed)
+        self.bf16_dot = dtype == torch.bfloat16 and self.packed is None and use_dot_products(lib)
         self.vocab = cfg.vocab_size
         self.block_size = kv_caches[0][0].shape[1]
         self.num_blocks = kv_caches[0][0].shape[0]
@@ -89,7 +91,7 @@ class NativeDecoder:
             max_positions=self.max_positions, eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
             embed=_ptr(model.embed), final_norm=_ptr(model.norm), lm_head=_ptr(model.lm_head),
             lm_head_packed=_ptr(self.packed.lm_head) if self.packed else None,
-            cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p),
+            cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p), bf16_dot=int(self.bf16_dot),
         )
         self._layers = (_Layer * cfg.num_layers)()
         for index, layer in enumerate(model.layers):

@@ -46,9 +46,23 @@ def packed_weights(lib: ctypes.CDLL, model) -> PackedWeights | None:
     return _made[model]
 
 
+def use_dot_products(lib: ctypes.CDLL) -> bool:
+    """Without packed weights: the CPU's bf16 dot products (AVX512-BF16) rather than MKL's
+    bf16 product, where the library was built for a CPU that has them (dot_bf16.h), unless
+    BATON_NATIVE_DOT=0."""
+    if not lib.baton_bf16_dot_available():
+        log.info("bf16 decode products use MKL: this CPU has neither AMX nor AVX512-BF16")
+        return False
+    if os.environ.get("BATON_NATIVE_DOT", "1").strip() == "0":
+        log.info("bf16 decode products use MKL (BATON_NATIVE_DOT=0)")
+        return False
+    log.info("bf16 decode products use the CPU's AVX512-BF16 dot products (no packed GEMM here)")
+    return True
+
+
 def _pack_model(lib: ctypes.CDLL, model) -> PackedWeights | None:
     if not lib.baton_bf16_packing_available():
-        log.info("bf16 decode products use MKL: this torch or CPU has no packed bf16 GEMM")
+        log.info("bf16 decode products: this torch or CPU has no packed bf16 GEMM")
         return None
     widest = max(w.shape[1] for layer in model.layers for w in _layer_weights(layer))
     scratch = torch.empty(widest * PACK_COLUMNS, dtype=torch.bfloat16)
