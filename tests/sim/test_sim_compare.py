@@ -41,4 +41,3 @@ def test_controller_does_not_flap(report):
 def test_same_traffic_for_every_strategy(report):
     rates = {row["throughput_rps"] for row in report["strategies"].values()}
     assert len(rates) == 1
-    assert report["elapsed_s"] < 30
