@@ -12,6 +12,7 @@ from baton.autoscaler.actuator import ActuationError
 from baton.autoscaler.daemon import policy_config, rate_window, replacing_patch, worker_urls
 from baton.autoscaler.estimate import ObservationBuilder, PoolState, kv_capacity_from_usage
 from baton.autoscaler.inputs import Action, PolicyConfig
+from baton.autoscaler.instruments import metrics_for
 from baton.autoscaler.loop import Controller
 from baton.autoscaler.metrics import FleetSnapshot, MetricsUnavailable, StepSample
 from baton.autoscaler.policy import SizingPolicy
@@ -219,3 +220,13 @@ def test_scrape_targets_are_running_pods_with_addresses():
         {"metadata": {"name": "c"}, "status": {"phase": "Running", "podIP": "fd00::1"}},
     ]
     assert worker_urls(pods, 8100) == ["http://10.0.0.1:8100", "http://[fd00::1]:8100"]
+
+
+def test_each_new_registry_gets_metrics_registered_in_it():
+    # Registries made and dropped in turn reuse one address; each must get its own metrics.
+    for _ in range(20):
+        registry = CollectorRegistry()
+        metrics_for(registry).start("demo")
+        assert registry.get_sample_value("baton_autoscaler_decisions_total",
+                                         {"deployment": "demo", "action": "hold"}) == 0
+        del registry

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
@@ -84,13 +85,15 @@ def _remove(metric, *labels: str) -> None:
 
 
 _lock = threading.Lock()
-_by_registry: dict[int, AutoscalerMetrics] = {}
+# Keyed by the registry itself, weakly: an id() key outlives its registry, and a new registry
+# at the same address would get metric objects registered in the dead one.
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, AutoscalerMetrics] = weakref.WeakKeyDictionary()
 
 
 def metrics_for(registry: CollectorRegistry | None = None) -> AutoscalerMetrics:
     """The metric objects of `registry` (default: the process registry), created once."""
     registry = registry or REGISTRY
     with _lock:
-        if id(registry) not in _by_registry:
-            _by_registry[id(registry)] = AutoscalerMetrics(registry)
-        return _by_registry[id(registry)]
+        if registry not in _by_registry:
+            _by_registry[registry] = AutoscalerMetrics(registry)
+        return _by_registry[registry]
