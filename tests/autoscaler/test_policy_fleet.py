@@ -1,7 +1,10 @@
 """The decision rule at fleet scale: pace bounded by a share of the source pool, never more
 conversions than the persisted shift, streaks that survive a wanted split jittering by a worker."""
 
-from baton.autoscaler.inputs import Action, Observation, PolicyConfig
+from test_policy import _config
+from test_policy import _obs as observation
+
+from baton.autoscaler.inputs import Action, PolicyConfig
 from baton.autoscaler.policy import SizingPolicy
 
 SCALE = 1000 / 16  # the 16-worker mixes of test_policy, on a 1,000-worker fleet
@@ -9,16 +12,7 @@ CHAT = dict(arrival_rate=120.0 * SCALE, input_len=700.0, output_len=850.0, hit_r
 
 
 def _obs(now, x, y, mix=CHAT, **overrides):
-    values = dict(now_s=now, prefill_workers=x, decode_workers=y, prefill_supply=27_000.0,
-                  step_intercept_s=0.008, step_per_seq_s=6e-5, kv_capacity_tokens=427_000.0, **mix)
-    values.update(overrides)
-    return Observation(**values)
-
-
-def _config(**overrides):
-    base = dict(ttft_slo_s=1.0, tpot_slo_s=0.05, persist_periods=3, cooldown_s=60.0, urgent_gain=10.0)
-    base.update(overrides)
-    return PolicyConfig(**base)
+    return observation(now, x, y, mix, **overrides)
 
 
 def test_conversion_limit_is_a_share_of_the_source_pool_and_at_least_one():

@@ -84,14 +84,19 @@ def test_assembler_matches_the_engine_detokenizer_on_multibyte_text(model_info):
 def test_assembler_cuts_stop_strings_and_never_leaks_their_start(model_info):
     tok = model_info.tokenizer
     ids = tok.encode(" one two STOP three")
-    assembler = TextAssembler(tok, [], stop=["STOP"])
+    streamed, reason = stream_through(TextAssembler(tok, [], stop=["STOP"]), ids)
+    assert reason == "stop" and streamed == " one two "
+
+
+def stream_through(assembler: TextAssembler, ids: list[int]) -> tuple[str, str | None]:
+    """The text an assembler streams for `ids` token by token, and why it stopped (or None)."""
     streamed, reason = "", None
     for t in ids:
         reason = assembler.add(t)
         streamed += assembler.take(final=reason is not None)
         if reason:
             break
-    assert reason == "stop" and streamed == " one two "
+    return streamed + assembler.take(final=True), reason
 
 
 def test_assembler_hides_eos_unless_ignored(model_info):

@@ -7,6 +7,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_router_protocol import stream_through
 
 from baton.engine.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from baton.router.protocol import ApiError, parse_completion
@@ -57,14 +58,7 @@ def test_streamed_text_equals_the_cut_full_text(words, stop, model_info):
     tok = model_info.tokenizer
     ids = tok.encode("".join(words))
     expected, stopped = reference_text(tok, ids, stop)
-    assembler = TextAssembler(tok, [], stop=stop, ignore_eos=True)
-    streamed, reason = "", None
-    for t in ids:
-        reason = assembler.add(t)
-        streamed += assembler.take(final=reason is not None)
-        if reason:
-            break
-    streamed += assembler.take(final=True)
+    streamed, reason = stream_through(TextAssembler(tok, [], stop=stop, ignore_eos=True), ids)
     assert (streamed, reason == "stop") == (expected, stopped)
 
 
