@@ -151,3 +151,34 @@ def test_router_takes_its_api_key_from_a_secret_and_serves_all_addresses():
     assert ref == {"name": "s", "key": "k"}
     open_router = router.router_deployment("d", spec())["spec"]["template"]["spec"]["containers"][0]
     assert "BATON_API_KEY" not in {e["name"] for e in open_router["env"]}
+
+
+def router_container(body):
+    return body["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_router_tokenizes_with_the_workers_model_and_block_size():
+    import argparse
+
+    from baton.router.main import add_arguments, model_path
+
+    s = spec(model={"source": "pvc", "claimName": "models", "path": "llama"},
+             engine={"blockSize": 32})
+    body = router.router_deployment("d", s)
+    worker_args = workers.worker_pod("d", "p", "decode", s)["spec"]["containers"][0]["args"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parsed = parser.parse_args(router_container(body)["args"][2:])  # what `baton router` reads
+    assert parsed.model == worker_args[worker_args.index("--model") + 1] == "/models/llama"
+    assert parsed.block_size == 32
+    # the router reads the tokenizer from the same claim, mounted where the workers have it
+    volumes = body["spec"]["template"]["spec"]["volumes"]
+    assert volumes == [{"name": "model", "persistentVolumeClaim": {"claimName": "models",
+                                                                   "readOnly": True}}]
+    assert router_container(body)["volumeMounts"] == [
+        {"name": "model", "mountPath": "/models", "readOnly": True}]
+
+    bundled = router.router_deployment("d", spec())
+    parsed = parser.parse_args(router_container(bundled)["args"][2:])
+    assert parsed.model == "bundled" and model_path(parsed.model) is None
+    assert "volumes" not in bundled["spec"]["template"]["spec"]

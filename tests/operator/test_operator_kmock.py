@@ -113,7 +113,7 @@ async def test_create_builds_children(emulator, operator_factory):
     assert router["metadata"]["ownerReferences"][0]["uid"] == UID
     assert router["spec"]["template"]["spec"]["containers"][0]["args"] == [
         "baton", "router", "--host", "0.0.0.0", "--port", "8000", "--discovery", "kubernetes",
-        "--deployment", NAME]
+        "--deployment", NAME, "--model", "bundled", "--block-size", "16"]
     assert f"{NAME}-workers" in objects(emulator, "policy/v1/poddisruptionbudgets")
     policy = objects(emulator, "networking.k8s.io/v1/networkpolicies")[f"{NAME}-workers"]
     sources = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]

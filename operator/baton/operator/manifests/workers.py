@@ -15,6 +15,7 @@ MODEL_MOUNT = "/models"
 TOKEN_KEY = "token"
 WORKER_UID = 10001  # the worker image's user (worker/Dockerfile)
 SCRATCH_MOUNT = "/tmp"  # the only writable folder: compiled kernels, caches, sockets
+MODEL_VOLUME_MOUNT = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
 
 
 def model_argument(spec: PDDeploymentSpec) -> str:
@@ -68,7 +69,8 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _model_volume(spec: PDDeploymentSpec) -> dict[str, Any] | None:
+def model_volume(spec: PDDeploymentSpec) -> dict[str, Any] | None:
+    """The volume holding the weights (pvc, hostPath); None when they are in the image."""
     source = spec.model
     if source.source == "pvc":
         return {"name": "model", "persistentVolumeClaim": {"claimName": source.claim_name,
@@ -128,10 +130,10 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "4Gi"}}],
     }
     container["volumeMounts"] = [{"name": "scratch", "mountPath": SCRATCH_MOUNT}]
-    volume = _model_volume(spec)
+    volume = model_volume(spec)
     if volume is not None:
         pod_spec["volumes"].append(volume)
-        container["volumeMounts"].append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+        container["volumeMounts"].append(dict(MODEL_VOLUME_MOUNT))
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
