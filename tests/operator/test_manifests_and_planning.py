@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+
+from kubelet_env import started_args
+
 from baton.api import parse_spec
 from baton.operator import labels
 from baton.operator.manifests import policy, router, workers
 from baton.operator.planning import PodView, plan_pods
 from baton.operator.reconcile import _drift_patch, contains
 from baton.operator.status import compute_status, set_conditions
+from baton.router import main as router_main
+from baton.server import main as worker_main
 
 
 def spec(**fields):
@@ -158,16 +164,12 @@ def router_container(body):
 
 
 def test_router_tokenizes_with_the_workers_model_and_block_size():
-    import argparse
-
-    from baton.router.main import add_arguments, model_path
-
     s = spec(model={"source": "pvc", "claimName": "models", "path": "llama"},
              engine={"blockSize": 32})
     body = router.router_deployment("d", s)
     worker_args = workers.worker_pod("d", "p", "decode", s)["spec"]["containers"][0]["args"]
     parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    router_main.add_arguments(parser)
     parsed = parser.parse_args(router_container(body)["args"][2:])  # what `baton router` reads
     assert parsed.model == worker_args[worker_args.index("--model") + 1] == "/models/llama"
     assert parsed.block_size == 32
@@ -180,5 +182,24 @@ def test_router_tokenizes_with_the_workers_model_and_block_size():
 
     bundled = router.router_deployment("d", spec())
     parsed = parser.parse_args(router_container(bundled)["args"][2:])
-    assert parsed.model == "bundled" and model_path(parsed.model) is None
+    assert parsed.model == "bundled" and router_main.model_path(parsed.model) is None
     assert "volumes" not in bundled["spec"]["template"]["spec"]
+
+
+def test_workers_advertise_their_pod_ip_and_name():
+    body = workers.worker_pod("d", "d-w-1a2b3c", "decode", spec())
+    body["metadata"]["namespace"] = "serving"
+    body["status"] = {"podIP": "10.4.0.17"}
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    settings = worker_main.settings_from_args(parser.parse_args(
+        started_args(body, body["spec"]["containers"][0])[2:]))
+    # what goes into tickets: an address other pods reach, not the pod's unresolvable hostname
+    assert settings.public_host == "10.4.0.17"
+    assert settings.name == "d-w-1a2b3c"
+    assert settings.host == "0.0.0.0"  # it still listens on every address
+
+    body["status"] = {"podIP": "fd00::17"}
+    settings = worker_main.settings_from_args(parser.parse_args(
+        started_args(body, body["spec"]["containers"][0])[2:]))
+    assert settings.url_host == "[fd00::17]"

@@ -38,6 +38,11 @@ def worker_args(spec: PDDeploymentSpec, role: str) -> list[str]:
         "--host", "0.0.0.0",
         "--port", str(labels.WORKER_PORT),
         "--kv-port", str(labels.KV_PORT),
+        # Tickets and migrations carry this address: the pod IP, which every pod can reach
+        # (the pod's hostname is its name, which cluster DNS does not resolve). The kubelet
+        # fills in $(VAR) from the container's environment (POD_IP, POD_NAME: downward API).
+        "--advertise-host", "$(POD_IP)",
+        "--worker-id", "$(POD_NAME)",
         "--dtype", engine.dtype,
         "--block-size", str(engine.block_size),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
