@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
+from pathlib import Path
+from unittest import mock
 
 from kubelet_env import started_args
+from netpol import Source, admits
 
 from baton.api import parse_spec
 from baton.operator import labels
+from baton.operator import main as operator_main
 from baton.operator.manifests import policy, router, workers
 from baton.operator.planning import PodView, plan_pods
 from baton.operator.reconcile import _drift_patch, contains
@@ -78,11 +84,61 @@ def test_worker_pods_run_with_least_privilege():
             assert env["HOME"].startswith("/tmp") and env["XDG_CACHE_HOME"].startswith("/tmp")
 
 
-def test_network_policy_and_pool_service_select_only_this_deployment():
-    rule = policy.worker_network_policy("d", metrics_namespace="monitoring")["spec"]["ingress"]
-    assert rule[0]["from"][0]["podSelector"]["matchLabels"][labels.DEPLOYMENT] == "d"
-    assert {p["port"] for p in rule[0]["ports"]} == {8100, 8101}
-    assert rule[1]["ports"] == [{"protocol": "TCP", "port": 8100}]
+def operator_args(*args, namespace="baton-system"):
+    parser = argparse.ArgumentParser()
+    with mock.patch.dict(os.environ, {"POD_NAMESPACE": namespace}):  # the chart's downward API
+        operator_main.add_arguments(parser)
+        return operator_main.config_from_args(parser.parse_args(list(args)))
+
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "baton"
+
+
+def chart_operator_pod_labels():
+    """The labels of the chart's operator pod: its label helpers with default values."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    found = dict(re.findall(r"^(app\.kubernetes\.io/(?:part-of|component)): (\S+)$", helpers,
+                            flags=re.MULTILINE))
+    deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    template = deployment[deployment.index("  template:"):]
+    assert 'include "baton.labels"' in template  # the pod template carries those labels
+    return found
+
+
+def test_worker_policy_admits_router_workers_operator_and_prometheus_only():
+    # the chart's defaults: operator in baton-system, scrapers labelled as Prometheus pods
+    config = operator_args("--metrics-pod-label", "app.kubernetes.io/name=prometheus")
+    body = policy.worker_network_policy("d", config.policy_peers)
+    target = labels.worker("d", "decode")
+
+    def admitted(source, port):
+        return admits(body, "serving", target, source, port)
+
+    router_pod = Source("serving", labels.common("d", labels.ROUTER))
+    other_worker = Source("serving", labels.worker("d", "prefill"))
+    assert admitted(router_pod, 8100) and admitted(other_worker, 8101)
+    # the operator's drain and role calls, and the controller's scrapes
+    operator_pod = Source("baton-system", {**chart_operator_pod_labels(), "team": "ml"})
+    assert labels.OPERATOR_POD.items() <= operator_pod.labels.items()
+    assert admitted(operator_pod, 8100) and not admitted(operator_pod, 8101)
+    assert not admitted(Source("elsewhere", operator_pod.labels), 8100)
+    # Prometheus (kube-prometheus-stack) scraping /metrics
+    prometheus = Source("monitoring", {"app.kubernetes.io/name": "prometheus"})
+    assert admitted(prometheus, 8100) and not admitted(prometheus, 8101)
+    # anybody else, another deployment's pods included, is refused
+    assert not admitted(Source("serving", labels.common("other", labels.ROUTER)), 8100)
+    assert not admitted(Source("serving", labels.worker("other", "decode")), 8101)
+    assert not admitted(Source("monitoring", {"app": "grafana"}), 8100)
+
+
+def test_worker_policy_scrapers_narrowed_to_a_namespace_or_none():
+    whole = operator_args("--metrics-namespace", "monitoring").policy_peers
+    body = policy.worker_network_policy("d", whole)
+    target = labels.worker("d", "decode")
+    assert admits(body, "serving", target, Source("monitoring", {"app": "x"}), 8100)
+    assert not admits(body, "serving", target, Source("other", {"app": "x"}), 8100)
+    nobody = policy.worker_network_policy("d", operator_args().policy_peers)
+    assert len(nobody["spec"]["ingress"]) == 2  # router/workers and the operator, no scrapers
     selector = router.pool_service("d", "prefill")["spec"]["selector"]
     assert selector[labels.STATE] == "active" and selector[labels.ROLE] == "prefill"
 
