@@ -259,3 +259,14 @@ def test_workers_advertise_their_pod_ip_and_name():
     settings = worker_main.settings_from_args(parser.parse_args(
         started_args(body, body["spec"]["containers"][0])[2:]))
     assert settings.url_host == "[fd00::17]"
+
+
+def test_a_converted_pod_restarts_in_the_role_its_label_says():
+    body = workers.worker_pod("d", "d-w-1", "prefill", spec())
+    container = body["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    assert parser.parse_args(started_args(body, container)[2:]).role == "prefill"
+    # the operator's conversion relabels the running pod; its container spec cannot change
+    body["metadata"]["labels"][labels.ROLE] = "decode"
+    assert parser.parse_args(started_args(body, container)[2:]).role == "decode"

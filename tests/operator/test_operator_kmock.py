@@ -95,7 +95,10 @@ async def test_create_builds_children(emulator, operator_factory):
         role = meta["labels"]["baton.dev/role"]
         container = pod["spec"]["containers"][0]
         args = container["args"]
-        assert args[:4] == ["baton", "worker", "--role", role]
+        assert args[:4] == ["baton", "worker", "--role", "$(BATON_ROLE)"]
+        role_env = next(e for e in container["env"] if e["name"] == "BATON_ROLE")
+        assert role_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['baton.dev/role']"
+        assert role in ("prefill", "decode")
         assert args[args.index("--host") + 1] == "0.0.0.0"
         assert args[args.index("--port") + 1] == "8100"
         assert args[args.index("--kv-port") + 1] == "8101"

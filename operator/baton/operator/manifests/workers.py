@@ -29,11 +29,16 @@ def model_argument(spec: PDDeploymentSpec) -> str:
     return f"{MODEL_MOUNT}/{(source.path or '').lstrip('/')}".rstrip("/")
 
 
-def worker_args(spec: PDDeploymentSpec, role: str) -> list[str]:
+ROLE_ENV = "BATON_ROLE"
+
+
+def worker_args(spec: PDDeploymentSpec) -> list[str]:
     engine = spec.engine
     return [
         "baton", "worker",
-        "--role", role,
+        # The role label, read at each container start: a converted pod that restarts comes
+        # back in the role its label says, not the one it was created with.
+        "--role", f"$({ROLE_ENV})",
         "--model", model_argument(spec),
         "--host", "0.0.0.0",
         "--port", str(labels.WORKER_PORT),
@@ -100,7 +105,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "name": "worker",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "args": worker_args(spec, role),
+        "args": worker_args(spec),
         "ports": [
             {"name": "http", "containerPort": labels.WORKER_PORT, "protocol": "TCP"},
             {"name": "kv", "containerPort": labels.KV_PORT, "protocol": "TCP"},
@@ -110,6 +115,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             _field_env("POD_IP", "status.podIP"),
+            _field_env(ROLE_ENV, f"metadata.labels['{labels.ROLE}']"),
             # Not worker flags in docs/contracts.md, so passed as environment.
             {"name": "BATON_KV_TRANSPORT", "value": spec.kv_transfer.transport},
             {"name": "BATON_KV_BANDWIDTH_GBPS", "value": str(spec.kv_transfer.bandwidth_gbps)},
