@@ -15,7 +15,7 @@ from baton.api import parse_spec
 from baton.operator import labels
 from baton.operator import main as operator_main
 from baton.operator.manifests import policy, router, workers
-from baton.operator.planning import PodView, plan_pods
+from baton.operator.planning import PodView, leaving_pods, migration_peers, plan_pods
 from baton.operator.reconcile import _drift_patch, contains
 from baton.operator.status import compute_status, set_conditions
 from baton.router import main as router_main
@@ -270,3 +270,18 @@ def test_a_converted_pod_restarts_in_the_role_its_label_says():
     # the operator's conversion relabels the running pod; its container spec cannot change
     body["metadata"]["labels"][labels.ROLE] = "decode"
     assert parser.parse_args(started_args(body, container)[2:]).role == "decode"
+
+
+def test_migration_peers_are_the_decode_workers_that_stay():
+    s = spec(prefill={"replicas": 2}, decode={"replicas": 1},
+             conversions=[{"pod": "d1", "toRole": "prefill"}])
+    observed = [pod("p1", "prefill", ip="10.0.0.1"), pod("d1", "decode", ip="10.0.0.2"),
+                pod("d2", "decode", ip="10.0.0.3"), pod("d3", "decode", ip="10.0.0.4", ready=False),
+                pod("d4", "decode", ip="fd00::5")]
+    plan = plan_pods(s, observed)
+    assert [p.name for p, _ in plan.convert] == ["d1"]
+    removed = {p.name for p in plan.start_removal}
+    peers = migration_peers(observed, leaving_pods(plan), 8100)
+    expected = [url for name, url in (("d2", "http://10.0.0.3:8100"), ("d4", "http://[fd00::5]:8100"))
+                if name not in removed]
+    assert peers == expected and "http://10.0.0.2:8100" not in peers

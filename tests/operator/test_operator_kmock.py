@@ -57,18 +57,22 @@ def condition(emulator: Any, kind: str) -> dict[str, Any]:
     return next((c for c in pdd_status(emulator).get("conditions", []) if c["type"] == kind), {})
 
 
-async def make_ready(emulator: Any, name: str, ready: bool = True) -> None:
-    status = {"phase": "Running", "podIP": "127.0.0.1",
+async def make_ready(emulator: Any, name: str, ready: bool = True, ip: str = "127.0.0.1") -> None:
+    status = {"phase": "Running", "podIP": ip,
               "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     await api(emulator, "PATCH", f"{PODS}/{name}/status", {"status": status})
 
 
-async def make_all_ready(emulator: Any) -> None:
-    for name in pods(emulator):
-        await make_ready(emulator, name)
+async def make_all_ready(emulator: Any, ips: tuple[str, ...] = ("127.0.0.1",)) -> dict[str, str]:
+    """Every pod Running and Ready, addresses dealt from `ips` in name order; -> pod: IP."""
+    given = {}
+    for index, name in enumerate(sorted(pods(emulator))):
+        given[name] = ips[index % len(ips)]
+        await make_ready(emulator, name, ip=given[name])
     await api(emulator, "PATCH",
               f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}-router/status",
               {"status": {"readyReplicas": 1}})
+    return given
 
 
 async def patch_spec(emulator: Any, spec: dict[str, Any], generation: int) -> None:

@@ -147,3 +147,22 @@ def plan_pods(spec: PDDeploymentSpec, observed: list[PodView]) -> PodPlan:
 
 def drain_expired(pod: PodView, now: dt.datetime) -> bool:
     return pod.drain_deadline is not None and now >= pod.drain_deadline
+
+
+def worker_url(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
+def migration_peers(pods: list[PodView], leaving: set[str], port: int) -> list[str]:
+    """Where a draining decode worker may move its running sequences: the decode workers
+    that serve and are not themselves leaving (draining, converting, removed)."""
+    return [worker_url(p.ip, port) for p in sorted(pods, key=lambda p: p.name)
+            if p.role == "decode" and p.serving and p.ip and not p.deleting
+            and p.name not in leaving]
+
+
+def leaving_pods(plan: PodPlan) -> set[str]:
+    """Pods the plan takes out of the decode pool's service: nobody migrates to them."""
+    return ({p.name for p in plan.start_removal} | {p.name for p in plan.removing}
+            | {p.name for p, _ in plan.convert} | {p.name for p in plan.delete_now})
