@@ -20,7 +20,7 @@ from baton.api.models import PDDeploymentSpec
 from . import admission, labels, status
 from .actuation import EventSink, PodActuator, event_sink
 from .config import OperatorConfig
-from .kube import KubeApi
+from .kube import ApiError, KubeApi
 from .manifests import names, policy, router, workers
 from .planning import (
     POOL_ROLES,
@@ -81,10 +81,17 @@ class Reconciler:
                 emit("InvalidSpec", str(problem), True)
             return self.config.resync_seconds
 
-        token = await self._ensure_secret(owner, emit)
-        await self._ensure_children(owner, spec, emit)
-        async with WorkerClient(token, self.config.worker_port, self.config.worker_timeout) as wc:
-            busy = await self._reconcile_pods(owner, spec, wc, emit)
+        try:
+            token = await self._ensure_secret(owner, emit)
+            await self._ensure_children(owner, spec, emit)
+            async with WorkerClient(token, self.config.worker_port, self.config.worker_timeout) as wc:
+                busy = await self._reconcile_pods(owner, spec, wc, emit)
+        except ApiError as error:
+            # Quota, admission, a bad quantity: the user must see it on the resource itself.
+            new = status.error_status(previous, generation, str(error), self._stamp())
+            if await self._write_status(namespace, name, previous, new):
+                emit("ReconcileError", str(error), True)
+            return self.config.busy_seconds * 5
 
         pods = [PodView.of(p) for p in await self._worker_pods(namespace, name)]
         plan = plan_pods(spec, pods)
