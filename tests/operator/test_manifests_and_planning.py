@@ -26,8 +26,9 @@ def spec(**fields):
     return parse_spec({"image": "baton-worker:1", **fields})
 
 
-def pod(name, role, state="active", ready=True, ip="10.0.0.1", template=None, phase="Running"):
-    body = workers.worker_pod("d", name, role, spec())
+def pod(name, role, state="active", ready=True, ip="10.0.0.1", template=None, phase="Running",
+        built_from=None):
+    body = workers.worker_pod("d", name, role, built_from or spec())
     body["metadata"]["labels"][labels.STATE] = state
     if template is not None:
         body["metadata"]["annotations"][labels.TEMPLATE_HASH] = template
@@ -144,9 +145,32 @@ def test_worker_policy_scrapers_narrowed_to_a_namespace_or_none():
 
 
 def test_template_hash_ignores_pool_sizes_but_not_image():
-    a = workers.template_hash(spec())
-    assert a == workers.template_hash(spec(prefill={"replicas": 5}))
-    assert a != workers.template_hash(parse_spec({"image": "baton-worker:2"}))
+    a = workers.template_hash(spec(), "prefill")
+    assert a == workers.template_hash(spec(prefill={"replicas": 5}), "prefill")
+    assert a != workers.template_hash(parse_spec({"image": "baton-worker:2"}), "prefill")
+
+
+def test_editing_a_pools_resources_or_placement_rolls_that_pools_pods():
+    pods = [pod("a", "prefill"), pod("b", "decode")]
+    assert not plan_pods(spec(), pods).start_removal
+    for change in ({"resources": {"limits": {"cpu": "4"}}},
+                   {"nodeSelector": {"pool": "decode"}},
+                   {"tolerations": [{"key": "gpu", "operator": "Exists"}]}):
+        plan = plan_pods(spec(decode=change), pods)
+        assert [p.name for p in plan.start_removal] == ["b"], change
+    assert not plan_pods(spec(decode={"replicas": 1}), pods).start_removal
+
+
+def test_a_broken_image_rollout_is_fixed_by_editing_the_image_back():
+    good, broken = spec(image="w:good"), spec(image="w:broken")
+    fleet = [pod("a", "prefill", built_from=good), pod("b", "decode", built_from=good)]
+    assert [p.name for p in plan_pods(broken, fleet).start_removal] == ["a"]
+    # a's replacement never serves: the rollout stops there, b keeps serving
+    fleet = [pod("a2", "prefill", ready=False, built_from=broken), fleet[1]]
+    assert not plan_pods(broken, fleet).start_removal
+    # the user puts the good image back: the broken pod goes at once, b is current again
+    plan = plan_pods(good, fleet)
+    assert [p.name for p in plan.start_removal] == ["a2"]
 
 
 def test_scale_down_picks_a_pod_that_is_not_serving_first():

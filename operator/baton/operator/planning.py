@@ -136,13 +136,20 @@ def plan_pods(spec: PDDeploymentSpec, observed: list[PodView]) -> PodPlan:
             candidates = sorted((p for p in members if p.name not in converting), key=_removal_order)
             plan.start_removal.extend(candidates[: len(members) - wanted])
 
-    if not plan.in_flight:
-        # Roll outdated pods one at a time, and only while everything else is serving.
-        current = template_hash(spec)
-        stale = [p for p in kept if p.template_hash != current]
-        if stale and all(p.serving for p in kept):
-            plan.start_removal.append(sorted(stale, key=lambda p: p.name)[0])
+    stale = [p for p in kept if p.name not in converting and p.name not in _removal_names(plan)
+             and p.template_hash != template_hash(spec, p.role)]
+    # An outdated pod that does not serve (a broken image, a crash loop, still loading)
+    # holds nothing: replace it now, or a fix to the spec could never reach it.
+    plan.start_removal.extend(p for p in stale if not p.serving)
+    serving_stale = sorted((p for p in stale if p.serving), key=lambda p: p.name)
+    if serving_stale and not plan.in_flight and all(p.serving for p in kept):
+        # Roll serving pods one at a time, and only while everything else serves.
+        plan.start_removal.append(serving_stale[0])
     return plan
+
+
+def _removal_names(plan: PodPlan) -> set[str]:
+    return {p.name for p in plan.start_removal}
 
 
 def drain_expired(pod: PodView, now: dt.datetime) -> bool:

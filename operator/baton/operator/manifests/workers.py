@@ -55,17 +55,20 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
     ]
 
 
-def template_hash(spec: PDDeploymentSpec) -> str:
-    """Hash of what a running pod cannot change in place; pools share it because a pod may
-    move between pools by role conversion without being stale."""
-    shared = {
+def template_hash(spec: PDDeploymentSpec, role: str) -> str:
+    """Hash of what a running pod of `role` cannot change in place: the image, model, engine
+    and KV settings every worker shares, and its pool's resources and placement. A pod that
+    converts into a pool that places or sizes pods differently is stale there, and rolled."""
+    pool = spec.prefill if role == "prefill" else spec.decode
+    fixed = {
         "image": spec.image,
         "pull": spec.image_pull_policy,
         "model": spec.model.model_dump(mode="json"),
         "engine": spec.engine.model_dump(mode="json"),
         "kv": spec.kv_transfer.model_dump(mode="json"),
+        "pool": pool.model_dump(mode="json", exclude={"replicas"}),
     }
-    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def token_env(deployment: str) -> dict[str, Any]:
@@ -157,7 +160,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "metadata": {
             "name": pod_name,
             "labels": labels.worker(deployment, role),
-            "annotations": {labels.TEMPLATE_HASH: template_hash(spec)},
+            "annotations": {labels.TEMPLATE_HASH: template_hash(spec, role)},
         },
         "spec": pod_spec,
     }
