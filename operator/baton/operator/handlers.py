@@ -16,9 +16,9 @@ from typing import Any
 import kopf
 
 from baton.api import GROUP, PLURAL, VERSION
-from baton.autoscaler.daemon import register_autoscaler
 
 from . import labels
+from .autoscaling.daemon import register_autoscaler
 from .config import OperatorConfig, configure
 from .kube import KubeApi
 from .reconcile import Reconciler
