@@ -336,3 +336,9 @@ def test_the_controllers_target_in_status_rules_while_autoscaling():
 def test_conversion_requests_are_not_part_of_the_spec():
     with pytest.raises(SpecProblem, match="conversions"):
         spec(conversions=[{"pod": "a", "toRole": "decode"}])
+
+
+def test_router_is_ready_only_when_it_can_serve():
+    container = router_container(router.router_deployment("d", spec()))
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"  # alive while waiting

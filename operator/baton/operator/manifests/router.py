@@ -77,7 +77,9 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         "env": env,
         "resources": resources,
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        # ready once some decode worker is active: the Service sends no client to a router
+        # that could only answer 503
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": router_name(deployment),
