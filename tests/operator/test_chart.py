@@ -37,7 +37,10 @@ ALL_FEATURES = {
     "imagePullSecrets": [{"name": "registry"}],
     "serviceAccount": {"create": True, "name": "baton", "annotations": {"team": "ml"}},
     "operator": {"watchNamespaces": ["serving", "staging"], "resyncSeconds": 15,
-                 "metricsNamespace": "monitoring", "verbose": True},
+                 "metricsNamespace": "monitoring", "verbose": True,
+                 "metricsPodLabels": {"app.kubernetes.io/name": "prometheus"},
+                 "serviceMonitorLabels": {"release": "kube-prometheus-stack"},
+                 "allowedHostPaths": ["/srv/models"]},
     "podAnnotations": {"example.com/scrape": "true"},
     "podLabels": {"team": "ml"},
     "nodeSelector": {"kubernetes.io/os": "linux"},
@@ -140,3 +143,19 @@ def test_operator_pod_knows_its_namespace_and_passes_the_scrapers():
     assert "--metrics-pod-label={{ $key }}={{ $value }}" in text
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["operator"]
     assert defaults["metricsPodLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_the_operator_flags_the_chart_passes_exist():
+    """Each --flag=... in the chart's operator args is one `baton operator` accepts."""
+    import argparse
+    import re
+
+    from baton.operator import main as operator_main
+
+    parser = argparse.ArgumentParser()
+    operator_main.add_arguments(parser)
+    known = {option for action in parser._actions for option in action.option_strings}
+    text = (CHART / "templates" / "deployment.yaml").read_text()
+    used = set(re.findall(r"^\s*- (--[a-z-]+)", text, flags=re.MULTILINE))
+    assert {"--service-monitor-label", "--metrics-pod-label", "--namespace"} <= used
+    assert used <= known, used - known

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from typing import Any
 
 import pytest
-from operator_harness import NAMESPACE, SERVICE_MONITORS, api, declare, eventually
+from operator_harness import NAMESPACE, SERVICE_MONITORS, api, declare, eventually, running_operator
 
 pytestmark = pytest.mark.asyncio
 NAME = "demo"
@@ -137,12 +138,16 @@ async def test_create_builds_children(emulator, operator_factory):
     assert "Created" in reasons  # one Event per action, on the PDDeployment
 
 
-async def test_service_monitor_when_its_crd_exists(emulator, operator_factory):
+async def test_service_monitor_when_its_crd_exists(emulator, operator_config):
     declare(emulator, SERVICE_MONITORS, "ServiceMonitor")
-    async with operator_factory():
+    # what kube-prometheus-stack's Prometheus selects ServiceMonitors by
+    config = dataclasses.replace(operator_config, service_monitor_labels={"release": "kps"})
+    async with running_operator(config):
         await api(emulator, "POST", PDD, pdd_body())
         monitor = await eventually(lambda: objects(emulator, SERVICE_MONITORS).get(NAME))
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["metadata"]["labels"]["baton.dev/deployment"] == NAME
 
 
 async def test_status_follows_readiness(emulator, operator_factory):

@@ -146,7 +146,7 @@ class Reconciler:
             policy.worker_network_policy(name, self.config.policy_peers),
         ]
         if await self.api.has_api("monitoring.coreos.com/v1"):
-            desired.append(policy.service_monitor(name))
+            desired.append(policy.service_monitor(name, self.config.service_monitor_labels))
         for body in desired:
             current = await self.api.get(body["kind"], namespace, body["metadata"]["name"])
             if current is None:
