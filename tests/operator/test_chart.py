@@ -159,3 +159,21 @@ def test_the_operator_flags_the_chart_passes_exist():
     used = set(re.findall(r"^\s*- (--[a-z-]+)", text, flags=re.MULTILINE))
     assert {"--service-monitor-label", "--metrics-pod-label", "--namespace"} <= used
     assert used <= known, used - known
+
+
+def test_secrets_are_read_cluster_wide_only_when_every_namespace_is_watched():
+    """With operator.watchNamespaces set, namespaced grants (Secrets among them) come from a
+    Role in each watched namespace; the ClusterRole keeps only cluster-scoped reads."""
+    templates = CHART / "templates"
+    helpers = (templates / "_helpers.tpl").read_text()
+    start = helpers.index('{{- define "baton.namespacedRules" -}}')
+    namespaced = helpers[start:helpers.index("{{- end }}", start)]
+    assert '"secrets"' in namespaced and '"pods"' in namespaced and '"pddeployments"' in namespaced
+    cluster = (templates / "clusterrole.yaml").read_text()
+    assert '"secrets"' not in cluster and '"pods"' not in cluster
+    guarded = cluster[cluster.index("{{- if not .Values.operator.watchNamespaces }}"):]
+    assert 'include "baton.namespacedRules"' in guarded.split("{{- end }}")[0]
+    role = (templates / "role.yaml").read_text()
+    assert "range .Values.operator.watchNamespaces" in role
+    assert "kind: Role\n" in role and "kind: RoleBinding" in role
+    assert 'include "baton.namespacedRules" $' in role
