@@ -177,3 +177,15 @@ def test_secrets_are_read_cluster_wide_only_when_every_namespace_is_watched():
     assert "range .Values.operator.watchNamespaces" in role
     assert "kind: Role\n" in role and "kind: RoleBinding" in role
     assert 'include "baton.namespacedRules" $' in role
+
+
+def test_uninstall_runs_a_pre_delete_hook_that_removes_the_deployments_first():
+    from baton.cli import COMMANDS
+    from baton.operator import uninstall
+
+    hook = (CHART / "templates" / "uninstall-hook.yaml").read_text()
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert "helm.sh/hook: pre-delete" in helpers and 'include "baton.uninstallHook"' in hook
+    assert "- remove-deployments" in hook and COMMANDS["remove-deployments"][0] == uninstall.__name__
+    assert '"delete"' in hook and "kind: Job" in hook
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["uninstall"]["removeDeployments"]

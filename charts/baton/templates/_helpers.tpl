@@ -103,3 +103,13 @@ it creates for them. Granted cluster-wide, or per watched namespace (role.yaml).
   resources: ["servicemonitors"]
   verbs: ["get", "list", "create", "patch", "delete"]
 {{- end }}
+
+{{/*
+Annotations of the pre-delete hook's objects; "weight" orders them (RBAC before the Job).
+Kept on failure, so `kubectl logs job/...-uninstall` says what is stuck.
+*/}}
+{{- define "baton.uninstallHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: {{ .weight | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
