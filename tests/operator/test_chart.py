@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+
+from baton.api import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "baton"
@@ -189,3 +192,22 @@ def test_uninstall_runs_a_pre_delete_hook_that_removes_the_deployments_first():
     assert "- remove-deployments" in hook and COMMANDS["remove-deployments"][0] == uninstall.__name__
     assert '"delete"' in hook and "kind: Job" in hook
     assert yaml.safe_load((CHART / "values.yaml").read_text())["uninstall"]["removeDeployments"]
+
+
+def test_notes_point_only_at_files_the_chart_or_the_repository_holds():
+    """NOTES.txt is what a user reads after `helm install`: every `-f PATH` it gives must exist
+    (in the chart, or in the repository the chart is installed from), or be `-` (stdin)."""
+    import re
+
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    paths = re.findall(r"\s-f\s+(\S+)", notes)
+    assert paths
+    for path in paths:
+        assert path == "-" or (CHART / path).exists() or (ROOT / path).exists(), path
+        if path != "-":
+            assert path.startswith("charts/baton/") or (CHART / path).exists(), path
+    # the inline sample is a valid PDDeployment
+    sample = textwrap.dedent(notes[notes.index("  apiVersion: baton.dev"):notes.index("  EOF")])
+    body = yaml.safe_load(sample.replace("{{ .Chart.AppVersion }}", "0.1.0"))
+    assert body["kind"] == "PDDeployment"
+    parse_spec(body["spec"])
