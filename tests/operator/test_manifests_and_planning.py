@@ -67,14 +67,21 @@ def test_worker_pod_from_host_path_and_bundled():
     assert bundled["spec"]["containers"][0]["args"][5] == "bundled"
 
 
-def test_worker_pods_run_with_least_privilege():
+def least_privileged_pods(s):
+    for role in ("prefill", "decode"):
+        yield workers.worker_pod("d", "p", role, s)
+    yield {"spec": router.router_deployment("d", s)["spec"]["template"]["spec"]}
+
+
+def test_worker_and_router_pods_run_with_least_privilege():
     for s in (spec(), spec(model={"source": "pvc", "claimName": "models", "path": "m"})):
-        for role in ("prefill", "decode"):
-            body = workers.worker_pod("d", "p", role, s)
+        for body in least_privileged_pods(s):
             pod_ctx = body["spec"]["securityContext"]
             assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] != 0
             assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
-            assert body["spec"]["automountServiceAccountToken"] is False
+            # workers never call the API; the router watches pods, so it keeps its token
+            assert body["spec"].get("automountServiceAccountToken", True) is (
+                "serviceAccountName" in body["spec"])
             container = body["spec"]["containers"][0]
             ctx = container["securityContext"]
             assert ctx["allowPrivilegeEscalation"] is False and ctx["privileged"] is False
@@ -258,16 +265,16 @@ def test_router_tokenizes_with_the_workers_model_and_block_size():
     assert parsed.model == worker_args[worker_args.index("--model") + 1] == "/models/llama"
     assert parsed.block_size == 32
     # the router reads the tokenizer from the same claim, mounted where the workers have it
-    volumes = body["spec"]["template"]["spec"]["volumes"]
-    assert volumes == [{"name": "model", "persistentVolumeClaim": {"claimName": "models",
-                                                                   "readOnly": True}}]
-    assert router_container(body)["volumeMounts"] == [
-        {"name": "model", "mountPath": "/models", "readOnly": True}]
+    volumes = {v["name"]: v for v in body["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model"] == {"name": "model", "persistentVolumeClaim": {"claimName": "models",
+                                                                          "readOnly": True}}
+    mounts = {m["name"]: m for m in router_container(body)["volumeMounts"]}
+    assert mounts["model"] == {"name": "model", "mountPath": "/models", "readOnly": True}
 
     bundled = router.router_deployment("d", spec())
     parsed = parser.parse_args(router_container(bundled)["args"][2:])
     assert parsed.model == "bundled" and router_main.model_path(parsed.model) is None
-    assert "volumes" not in bundled["spec"]["template"]["spec"]
+    assert [v["name"] for v in bundled["spec"]["template"]["spec"]["volumes"]] == ["scratch"]
 
 
 def test_workers_advertise_their_pod_ip_and_name():

@@ -8,7 +8,17 @@ from baton.api.models import PDDeploymentSpec
 
 from .. import labels
 from .names import pool_service_name, router_name, router_service_name
-from .workers import MODEL_VOLUME_MOUNT, model_argument, model_volume, token_env
+from .workers import (
+    MODEL_VOLUME_MOUNT,
+    container_security_context,
+    model_argument,
+    model_volume,
+    pod_security_context,
+    scratch_env,
+    scratch_mount,
+    scratch_volume,
+    token_env,
+)
 
 POOL_ROLES = ("prefill", "decode")
 
@@ -59,6 +69,7 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         token_env(deployment),
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "BATON_DISAGG_THRESHOLD", "value": str(spec.router.disaggregation_threshold)},
+        *scratch_env(),
     ]
     if spec.router.api_key_secret is not None:  # the router reads BATON_API_KEY as --api-key
         ref = spec.router.api_key_secret
@@ -76,20 +87,24 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         "ports": [{"name": "http", "containerPort": labels.ROUTER_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": resources,
+        "securityContext": container_security_context(),
+        "volumeMounts": [scratch_mount()],
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
         # ready once some decode worker is active: the Service sends no client to a router
         # that could only answer 503
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
     }
     pod_spec: dict[str, Any] = {
-        "serviceAccountName": router_name(deployment),
+        "serviceAccountName": router_name(deployment),  # it watches pods: keeps its token
         "enableServiceLinks": False,
+        "securityContext": pod_security_context(),  # the same least privilege as workers
         "containers": [container],
+        "volumes": [scratch_volume("1Gi")],
     }
     volume = model_volume(spec)
     if volume is not None:  # the router reads the tokenizer from the same folder as workers
-        pod_spec["volumes"] = [volume]
-        container["volumeMounts"] = [dict(MODEL_VOLUME_MOUNT)]
+        pod_spec["volumes"].append(volume)
+        container["volumeMounts"].append(dict(MODEL_VOLUME_MOUNT))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
