@@ -12,7 +12,7 @@ from baton.autoscaler.inputs import Action, Decision, PolicyConfig
 from baton.autoscaler.instruments import metrics_for
 from baton.autoscaler.loop import decision_record
 from baton.local.controller_http import ControllerServer, DecisionLog, decision_line
-from baton.local.up import add_arguments, autoscale_settings
+from baton.local.up import add_arguments, autoscale_settings, spec_from_args
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -34,6 +34,15 @@ def test_autoscale_options_reach_the_policy():
                 ["--slo", "speed=1s"]):
         with pytest.raises(ValueError):
             autoscale_settings(parse(*bad))
+
+
+def test_workers_keep_decodes_within_the_tpot_the_sizing_plans_for():
+    assert spec_from_args(parse("--slo", "ttft=2s,tpot=80ms")).worker_args == ["--tpot-objective-ms", "80"]
+    planned = spec_from_args(parse()).worker_args  # --autoscale without --slo: the policy's default
+    assert planned == ["--tpot-objective-ms", f"{PolicyConfig.tpot_slo_s * 1e3:g}"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert spec_from_args(parser.parse_args(["--worker-arg=--dtype=float32"])).worker_args == ["--dtype=float32"]
 
 
 def test_decisions_and_metrics_over_http():

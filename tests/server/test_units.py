@@ -69,6 +69,13 @@ def test_settings_name_the_worker_and_its_kv_address():
         WorkerSettings(kv_transport="carrier-pigeon").validate()
 
 
+def test_tpot_objective_reaches_the_engine_and_bad_values_name_the_flag():
+    assert WorkerSettings(tpot_objective_s=0.08).engine_settings()["tpot_objective_s"] == 0.08
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="--tpot-objective-ms"):
+            WorkerSettings(tpot_objective_s=bad).validate()
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "worker-0.example"])
 def test_insecure_mode_is_refused_off_loopback(host):
     with pytest.raises(ValueError, match=f"--insecure-no-token serves an open API.*got '{host}'"):

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--autoscale-cooldown", type=float, default=PolicyConfig.cooldown_s, metavar="SECONDS",
                        help="least quiet time after a conversion (longer while the conversion itself takes longer)")
     group.add_argument("--slo", default=None, metavar="ttft=2s,tpot=50ms",
-                       help="latency objectives the sizing plans for (default: "
+                       help="latency objectives the sizing plans for and the workers keep "
+                            "their decodes within (default: "
                             f"ttft={PolicyConfig.ttft_slo_s:g}s,tpot={PolicyConfig.tpot_slo_s * 1e3:g}ms)")
     group.add_argument("--controller-port", type=int, default=0,
                        help="port of the controller's /decisions and /metrics (0: any free one)")
@@ -41,10 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> StackSpec:
+    from baton.loadgen.stats import parse_slo
+
+    tpot = parse_slo(args.slo).tpot if args.slo else None
+    if tpot is None and args.autoscale:
+        tpot = PolicyConfig.tpot_slo_s
+    # the workers keep running decodes within the same TPOT objective the sizing plans for
+    objective = ["--tpot-objective-ms", f"{tpot * 1e3:g}"] if tpot else []
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
-                     worker_args=list(args.worker_arg), log_dir=args.log_dir)
+                     worker_args=objective + list(args.worker_arg), log_dir=args.log_dir)
 
 
 def autoscale_settings(args: argparse.Namespace):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -80,6 +81,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048  # per-step token budget
     chunk_size: int = 512  # longest prefill chunk; 0 = whole prompts
+    # prompt tokens per step are capped so running decodes keep this time per output token
+    # (measured step costs; None or 0 = no cap beyond max_num_batched_tokens)
+    tpot_objective_s: float | None = 0.1
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     role: str = "both"
@@ -96,6 +100,9 @@ class EngineConfig:
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.chunk_size < 0:
             raise ValueError(f"chunk_size must be >= 0 (0 = whole prompts), got {self.chunk_size}")
+        if self.tpot_objective_s is not None and not (0 <= self.tpot_objective_s < math.inf):
+            raise ValueError(f"tpot_objective_s must be a finite number >= 0 (0 = no cap), "
+                             f"got {self.tpot_objective_s!r}")
         if self.max_num_batched_tokens <= 0:
             raise ValueError("max_num_batched_tokens must be positive")
         if self.max_num_seqs <= 0:

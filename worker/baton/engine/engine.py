@@ -17,6 +17,7 @@ from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
 from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
+from baton.engine.step_budget import StepCosts, prefill_token_budget
 from baton.engine.stopping import StopChecker
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Engine:
         self.stop_checkers: dict[str, StopChecker] = {}
         self._ids = itertools.count()
         self.stats = EngineStats()
+        self.step_costs = StepCosts()
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config
@@ -154,7 +156,7 @@ class Engine:
 
         A failure is charged to the sequences that cause it: the batch is re-run one
         sequence at a time, those that fail alone end with the error, the others go on."""
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(self._prefill_cap())
         outputs = []
         for seq in batch.out_of_kv:
             self._finish(seq, "length")
@@ -166,7 +168,9 @@ class Engine:
             sampled = self._run(batch, layer_hook)
         except Exception as exc:
             sampled = self._run_one_by_one(batch, layer_hook, exc, outputs)
-        self.stats.record_step(batch, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.stats.record_step(batch, seconds)
+        self.step_costs.observe(len(batch.decodes), batch.num_tokens - len(batch.decodes), seconds)
         now = time.monotonic()
         for seq, result in sampled:
             try:
@@ -174,6 +178,13 @@ class Engine:
             except Exception as exc:
                 outputs.append(self._fail(seq, exc))
         return outputs
+
+    def _prefill_cap(self) -> int | None:
+        decodes = self.scheduler.num_decoding()
+        if not decodes:
+            return None
+        return prefill_token_budget(self.config.tpot_objective_s, decodes, self.step_costs,
+                                    self.config.max_num_batched_tokens)
 
     def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:
         """Run and sample a batch; a sequence's state changes only once both succeeded, so a

@@ -65,13 +65,20 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- the decision ----------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, prefill_cap: int | None = None) -> ScheduledBatch:
+        """`prefill_cap`: at most this many prompt tokens next to the running decodes (the
+        engine's TPOT budget); the step's own token budget applies in any case."""
         batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
-        budget = self._schedule_decodes(batch, budget)
+        budget = self._schedule_decodes(batch, self.max_num_batched_tokens)
+        if prefill_cap is not None:
+            budget = min(budget, prefill_cap)
         budget = self._schedule_running_prefills(batch, budget)
         self._admit_waiting(batch, budget)
         return batch
+
+    def num_decoding(self) -> int:
+        """Running sequences past their prompt: the decodes the next step will carry."""
+        return sum(1 for seq in self.running if not seq.in_prefill)
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
         for seq in list(self.running):

@@ -35,6 +35,7 @@ class WorkerSettings:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     chunk_size: int = 512
+    tpot_objective_s: float = 0.1  # prompt tokens per step capped to keep it (0: no cap)
     kv_cache_memory_gb: float = 1.0
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
@@ -49,6 +50,9 @@ class WorkerSettings:
             raise ValueError(f"--role must be one of {ROLES}, got {self.role!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"--kv-transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if not 0 <= self.tpot_objective_s < float("inf"):
+            raise ValueError("--tpot-objective-ms must be a finite number >= 0 (0: no cap), "
+                             f"got {self.tpot_objective_s * 1e3!r}")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
         if self.insecure_no_token and not is_loopback(self.host):
@@ -95,6 +99,7 @@ class WorkerSettings:
             block_size=self.block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,
             chunk_size=self.chunk_size,
+            tpot_objective_s=self.tpot_objective_s,
             kv_cache_memory_gb=self.kv_cache_memory_gb,
             max_num_seqs=self.max_num_seqs,
             role=self.role,

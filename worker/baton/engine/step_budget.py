@@ -1,0 +1,68 @@
+"""How many prompt tokens a step may carry while decodes run, so that those decodes keep
+their time-per-output-token objective.
+
+A step with B decodes and P prompt tokens takes about t_dec(B) + P·s_tok. With a TPOT
+objective T the prompt tokens that fit are P = (T − t_dec(B)) / s_tok. Both costs are
+measured from the steps this engine runs: decode-only steps give t_dec (a line through
+recent (B, seconds) points), steps with prompt tokens give s_tok once t_dec is known. Until
+both are measured no cap applies: a cold worker never guesses a budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+MIN_PROMPT_TOKENS_PER_STEP = 16  # a prompt always advances, even when decodes alone exceed T
+
+
+class StepCosts:
+    """Online estimates of t_dec(B) and s_tok from the engine's own steps."""
+
+    def __init__(self, window: int = 64, alpha: float = 0.2):
+        self._decode_steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._alpha = alpha
+        self.prefill_s_per_token: float | None = None
+
+    def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
+        if seconds <= 0 or not math.isfinite(seconds) or decodes + prompt_tokens <= 0:
+            return
+        if prompt_tokens == 0:
+            self._decode_steps.append((decodes, seconds))
+            return
+        decode_part = self.decode_step_s(decodes) if decodes else 0.0
+        if decode_part is None:
+            return
+        sample = max(seconds - decode_part, 0.0) / prompt_tokens
+        old = self.prefill_s_per_token
+        self.prefill_s_per_token = sample if old is None else (1 - self._alpha) * old + self._alpha * sample
+
+    def decode_step_s(self, decodes: int) -> float | None:
+        """t_dec(B): least squares over recent decode-only steps, never below zero; with a
+        single batch size seen, that size's mean scaled by B (an over-estimate for larger B,
+        which errs towards smaller prompt chunks)."""
+        points = list(self._decode_steps)
+        if not points:
+            return None
+        n = len(points)
+        mean_b = sum(b for b, _ in points) / n
+        mean_t = sum(t for _, t in points) / n
+        var_b = sum((b - mean_b) ** 2 for b, _ in points)
+        if var_b < 1e-9:
+            return mean_t * max(decodes, 1) / max(mean_b, 1)
+        slope = max(sum((b - mean_b) * (t - mean_t) for b, t in points) / var_b, 0.0)
+        intercept = max(mean_t - slope * mean_b, 0.0)
+        return intercept + slope * decodes
+
+
+def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: StepCosts,
+                         ceiling: int, floor: int = MIN_PROMPT_TOKENS_PER_STEP) -> int:
+    """Prompt tokens the next step may carry next to `decodes` running decodes."""
+    if not tpot_objective_s or decodes == 0:
+        return ceiling
+    t_dec = costs.decode_step_s(decodes)
+    s_tok = costs.prefill_s_per_token
+    if t_dec is None or not s_tok:
+        return ceiling
+    fit = (tpot_objective_s - t_dec) / s_tok
+    return int(min(max(fit, floor), ceiling))
