@@ -70,6 +70,29 @@ def test_threshold_formula():
     assert threshold_tokens(0.010, 0.001, 2e6, 1e9) == math.inf
 
 
+def test_load_moves_the_threshold():
+    # unloaded 20 tokens (above); 3 decodes stalled by a local prefill make it 10 ms / 3.5 ms
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, decoding=3) == pytest.approx(0.010 / 0.0035)
+    # a prefill queue as long as the decode batch cancels it out
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, decoding=3, prefill_queue=3) == pytest.approx(20.0)
+    # a queued prefill pool and an idle decode worker: prefill at home
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, prefill_queue=1) == math.inf
+
+
+def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():
+    est = ThresholdEstimator(fallback=512)
+    assert est.threshold(decoding=7) == pytest.approx(64)
+    assert choose_path(256, est.threshold(decoding=7), True) == "remote"
+    assert choose_path(256, est.threshold(decoding=0), True) == "local"
+    assert est.threshold(decoding=0, prefill_queue=2) == math.inf
+    assert ThresholdEstimator(fixed=300).threshold(decoding=50) == 300  # a fixed threshold is fixed
+
+
+def test_busy_counts_the_fresher_of_poll_and_own_requests():
+    assert WorkerSnapshot("a", "decode", running=2, waiting=1, inflight=5).busy == 5
+    assert WorkerSnapshot("a", "decode", running=4, waiting=1, inflight=2).busy == 5
+
+
 def test_estimator_falls_back_until_measured_then_follows_measurements():
     est = ThresholdEstimator(fallback=512)
     assert est.threshold() == 512

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from baton.router.threshold import threshold_tokens
+
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: float) -> int:
     """KV cache bytes one token occupies across the whole model.
@@ -178,15 +180,12 @@ def disaggregation_threshold(
 ) -> float:
     """Prompt length above which remote prefill beats local: O_fixed / (t_p - kv/BW).
 
-    fixed_overhead_s (O_fixed): queueing + scheduling + control cost of the remote path;
-    prefill_seconds_per_token (t_p): local prefill time per token (s); kv_per_token: B;
-    link_bytes_per_s: B/s. When t_p <= kv/BW the wire is slower than computing in place
-    and disaggregation never pays: returns inf.
+    The router's own formula (baton.router.threshold), at no load, so the controller plans
+    with the threshold the router applies to an idle fleet. fixed_overhead_s (O_fixed):
+    queueing + scheduling + control cost of the remote path; prefill_seconds_per_token (t_p);
+    kv_per_token: B; link_bytes_per_s: B/s. inf when the wire is slower than computing in place.
     """
-    margin = prefill_seconds_per_token - kv_per_token / link_bytes_per_s
-    if margin <= 0:
-        return math.inf
-    return fixed_overhead_s / margin
+    return threshold_tokens(fixed_overhead_s, prefill_seconds_per_token, kv_per_token, link_bytes_per_s)
 
 
 @dataclass(frozen=True)

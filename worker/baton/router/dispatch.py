@@ -104,8 +104,10 @@ class Dispatcher:
         hashes = block_hashes(prompt, self.block_size)
         decode = await self._decode_candidates()
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
-        has_prefill = bool(rank_prefill(self.pool.snapshots(), hashes, self.index))
-        path = choose_path(len(prompt) - cached, self.estimator.threshold(), has_prefill)
+        prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
+        threshold = self.estimator.threshold(decoding=decode[0].busy,
+                                             prefill_queue=prefill[0].busy if prefill else 0)
+        path = choose_path(len(prompt) - cached, threshold, bool(prefill))
         if path == "remote":
             try:
                 async with aclosing(self._remote(rid, prompt, params, hashes)) as chunks:

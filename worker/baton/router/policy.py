@@ -33,6 +33,12 @@ class WorkerSnapshot:
     def load(self) -> int:
         return max(self.running + self.waiting, 0) + self.inflight
 
+    @property
+    def busy(self) -> int:
+        """Requests at work there: the last poll's count, or this router's own outstanding
+        ones when they are more (the poll may be older than they are)."""
+        return max(self.running + self.waiting, self.inflight, 0)
+
 
 def rank_decode(workers: Iterable[WorkerSnapshot], exclude: set[str] = frozenset()) -> list[WorkerSnapshot]:
     """Decode candidates, best first: room in the KV pool, then fewest running requests,

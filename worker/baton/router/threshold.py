@@ -4,6 +4,13 @@ Local prefill of L uncached tokens costs L·t_tok; the remote path costs a fixed
 O_fixed (reserve, scheduling, control traffic) plus the KV transfer L·kv/BW. Remote wins
 beyond  L_thresh = O_fixed / (t_tok − kv/BW).  With `auto` the inputs are measured as the
 router runs (smoothed); until each has been seen, a fallback threshold applies.
+
+Load moves the threshold. A local prefill also stalls the n requests decoding on that worker
+(each loses L·t_tok of its stream); a remote one first waits behind the q prompts queued on
+the prefill worker (about q·L·t_tok if they are like this one). Remote then wins beyond
+    L_thresh = O_fixed / (t_tok·(1 + n − q) − kv/BW),
+the unloaded threshold when n = q = 0: a busy decode worker and an idle prefill pool send
+even short prompts away; a queued prefill pool keeps them home.
 """
 
 from __future__ import annotations
@@ -15,12 +22,20 @@ DEFAULT_FALLBACK_TOKENS = 512.0
 
 
 def threshold_tokens(o_fixed_s: float, prefill_s_per_token: float, kv_bytes_per_token: float,
-                     link_bytes_per_s: float) -> float:
-    """L_thresh in tokens; infinity when the transfer per token costs more than computing it."""
-    per_token_gain = prefill_s_per_token - kv_bytes_per_token / link_bytes_per_s
+                     link_bytes_per_s: float, decoding: float = 0.0, prefill_queue: float = 0.0) -> float:
+    """L_thresh in tokens; infinity when sending a token costs more than computing it here
+    (counting the decodes it stalls and the prefill queue it waits behind)."""
+    per_token_gain = (prefill_s_per_token * load_factor(decoding, prefill_queue)
+                      - kv_bytes_per_token / link_bytes_per_s)
     if per_token_gain <= 0:
         return math.inf
     return max(0.0, o_fixed_s) / per_token_gain
+
+
+def load_factor(decoding: float, prefill_queue: float) -> float:
+    """1 + n − q: the local path's cost per prompt token, in units of t_tok, net of the wait
+    the remote path adds."""
+    return 1.0 + max(decoding, 0.0) - max(prefill_queue, 0.0)
 
 
 def parse_threshold(value: str | int | float | None) -> float | None:
@@ -77,14 +92,18 @@ class ThresholdEstimator:
             return
         self.o_fixed_s.observe(max(0.0, ttft_s - tokens * t_tok - tokens * kv / bw))
 
-    def threshold(self) -> float:
+    def threshold(self, decoding: float = 0.0, prefill_queue: float = 0.0) -> float:
+        """For a prompt headed to a decode worker with `decoding` requests on it, while the
+        best prefill worker has `prefill_queue`. A fixed threshold ignores load; the fallback
+        (inputs not yet measured) scales by the same load factor as the formula."""
         if self.fixed is not None:
             return self.fixed
         inputs = (self.o_fixed_s.value, self.prefill_s_per_token.value,
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
         if any(v is None for v in inputs):
-            return self.fallback
-        return threshold_tokens(*inputs)
+            factor = load_factor(decoding, prefill_queue)
+            return self.fallback / factor if factor > 0 else math.inf
+        return threshold_tokens(*inputs, decoding=decoding, prefill_queue=prefill_queue)
 
     def explain(self) -> dict:
         return {"mode": "fixed" if self.fixed is not None else "auto",
