@@ -119,6 +119,8 @@ def main() -> None:
             result = vllm_bench_serve(venv, server.url, served_name, model_dir, load, work / f"{name}.json",
                                       timeout_s=1800)
             rows[name] = summary(result)
+            if name in LAYOUTS:
+                rows[name]["prefill_placements"] = server.placements()
         except Exception as exc:  # one system failing still leaves the others' numbers
             rows[name] = {"error": str(exc)[-2000:]}
         finally:

@@ -43,6 +43,19 @@ class Server:
             time.sleep(1.0)
         raise TimeoutError(f"{self.name} did not serve within {timeout_s:.0f}s; see {self.log}")
 
+    def placements(self) -> dict[str, float]:
+        """Baton's router: how many prompts it prefilled locally and remotely (empty elsewhere)."""
+        try:
+            text = httpx.get(self.url + "/metrics", timeout=5.0).text
+        except httpx.HTTPError:
+            return {}
+        found = {}
+        for line in text.splitlines():
+            if line.startswith("baton_router_routes_total{"):
+                path = line.split('path="', 1)[1].split('"', 1)[0] if 'path="' in line else line
+                found[path] = found.get(path, 0.0) + float(line.rsplit(" ", 1)[1])
+        return found
+
     def stop(self, timeout_s: float = 60.0) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
