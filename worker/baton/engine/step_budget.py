@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-MIN_PROMPT_TOKENS_PER_STEP = 16  # a prompt always advances, even when decodes alone exceed T
+MIN_PROMPT_TOKENS_PER_STEP = 16  # a prompt always advances
+UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once decodes alone exceed T
 
 
 class StepCosts:
@@ -65,4 +66,7 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
     if t_dec is None or not s_tok:
         return ceiling
     fit = (tpot_objective_s - t_dec) / s_tok
-    return int(min(max(fit, floor), ceiling))
+    # decodes alone past the objective: it is lost either way, and starving prompts would
+    # only trade it for unbounded time to first token; prompts may add half a decode step
+    overloaded = UNREACHABLE_SHARE * t_dec / s_tok
+    return int(min(max(fit, overloaded if fit <= 0 else 0, floor), ceiling))
