@@ -296,6 +296,16 @@ def test_workers_advertise_their_pod_ip_and_name():
     assert settings.url_host == "[fd00::17]"
 
 
+def test_workers_keep_decodes_within_the_slo_the_controller_sizes_for():
+    body = workers.worker_pod("d", "d-w-1", "decode", spec(autoscaling={"slo": {"tpotSeconds": 0.08}}))
+    body["status"] = {"podIP": "10.4.0.17"}
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    settings = worker_main.settings_from_args(parser.parse_args(
+        started_args(body, body["spec"]["containers"][0])[2:]))
+    assert settings.tpot_objective_s == pytest.approx(0.08)
+
+
 def test_a_converted_pod_restarts_in_the_role_its_label_says():
     body = workers.worker_pod("d", "d-w-1", "prefill", spec())
     container = body["spec"]["containers"][0]

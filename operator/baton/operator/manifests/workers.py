@@ -53,6 +53,8 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--chunk-size", str(engine.chunk_size),
         "--kv-cache-memory-gb", f"{engine.kv_cache_memory_gb:g}",
+        # running decodes are kept within the TPOT objective the controller sizes for
+        "--tpot-objective-ms", f"{spec.autoscaling.slo.tpot_seconds * 1e3:g}",
         "--kv-transport", spec.kv_transfer.transport,
     ]
 
