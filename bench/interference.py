@@ -4,7 +4,8 @@ Same machine, same workload for every setup: `--streams` concurrent short stream
 prompts, 256 output tokens) plus a 2,000-token prompt every `--long-every` seconds.
   A  2 colocated workers, whole-prompt prefill (chunk 0)
   B  2 colocated workers, chunked prefill (256)
-  C  1 prefill + 1 decode worker (short prompts prefill locally below the threshold)
+  C  1 prefill + 1 decode worker (short prompts prefill locally below the router's threshold,
+     which weighs the decode worker's load and the prefill worker's queue)
   C0 the same as C with one long prompt near the start only (its ITL is the reference for C's p99)
 Writes one JSON per setup plus a summary and timeline PNGs to bench/results/.
 
@@ -90,7 +91,8 @@ def main() -> None:
     parser.add_argument("--long-every", type=float, default=3.0,
                         help="seconds between long prompts (a 2,000-token prefill takes ~2 s on one core)")
     parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--threshold", default="256", help="router disaggregation threshold for C")
+    parser.add_argument("--threshold", default="auto",
+                        help="router disaggregation threshold for C (auto: measured, weighs load)")
     parser.add_argument("--slo", default="ttft=5s,tpot=200ms")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
