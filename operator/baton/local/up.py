@@ -36,15 +36,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--controller-port", type=int, default=0,
                        help="port of the controller's /decisions and /metrics (0: any free one)")
     parser.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder)")
+    parser.add_argument("--quantization", choices=["auto", "none"], default=None,
+                        help="workers' weights: auto (the default) serves a GGUF's quantized blocks "
+                        "as they are, none dequantizes them to --dtype")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="extra `baton worker` argument, e.g. --worker-arg=--dtype=float32 (repeatable)")
 
 
 def spec_from_args(args: argparse.Namespace) -> StackSpec:
+    extra = list(args.worker_arg)
+    if args.quantization:
+        extra.append(f"--quantization={args.quantization}")
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
-                     worker_args=list(args.worker_arg), log_dir=args.log_dir)
+                     worker_args=extra, log_dir=args.log_dir)
 
 
 def autoscale_settings(args: argparse.Namespace):
