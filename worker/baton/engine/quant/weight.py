@@ -126,6 +126,9 @@ class QuantizedWeight(nn.Module):
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The rows `ids` (a lookup table's), in `dtype`."""
+        if self.layout == "gguf" and len(self.formats) == 1:  # one gather on any device
+            rows = dequantize_rows(self.formats[0], self.part0[ids.reshape(-1).to(self.device)])
+            return rows.to(dtype).reshape(*ids.shape, self.k)
         flat = ids.reshape(-1).tolist()
         out = torch.empty(len(flat), self.k, dtype=torch.float32, device=self.device)
         for i, row in enumerate(flat):
@@ -133,7 +136,8 @@ class QuantizedWeight(nn.Module):
         return out.to(dtype).reshape(*ids.shape, self.k)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ W^T (+ bias), in x's dtype."""
+        """x @ W^T (+ bias), in x's dtype: float32 sums, the bias added before the one
+        rounding to x's dtype (as the native decode step does)."""
         if x.device.type == "cuda":
             from baton.engine.kernels.triton.quant_matmul import quant_matmul
 
@@ -141,10 +145,12 @@ class QuantizedWeight(nn.Module):
         elif self._matrix is not None:
             from baton.engine.native import quant as native_quant
 
-            out = native_quant.product(self._lib, self._matrix, x, self.shape[0]).to(x.dtype)
+            out = native_quant.product(self._lib, self._matrix, x, self.shape[0])
         else:
-            out = self._tiled_linear(x)
-        return out if bias is None else out + bias
+            out = self._tiled_linear(x.float())
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(x.dtype)
 
     def _tiled_linear(self, x: torch.Tensor) -> torch.Tensor:
         n = self.shape[0]
