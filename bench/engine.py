@@ -78,7 +78,8 @@ def run_dtype(dtype_name: str, args) -> dict:
     path = bundled_model_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).to(args.device)
     hf.eval()
-    engine = Engine(dtype=dtype_name, device=args.device, chunk_size=0, max_num_batched_tokens=4096,
+    # quantization="none": HF runs the dequantized weights; the quantized path is section (d)
+    engine = Engine(dtype=dtype_name, quantization="none", device=args.device, chunk_size=0, max_num_batched_tokens=4096,
                     max_num_seqs=64, kv_cache_memory_gb=1.0)
     cfg = engine.model_config
     rng = random.Random(0)
