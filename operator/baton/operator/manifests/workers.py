@@ -38,6 +38,7 @@ def worker_args(spec: PDDeploymentSpec, role: str) -> list[str]:
         "--port", str(labels.WORKER_PORT),
         "--kv-port", str(labels.KV_PORT),
         "--dtype", engine.dtype,
+        "--quantization", engine.quantization,
         "--block-size", str(engine.block_size),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--chunk-size", str(engine.chunk_size),
