@@ -136,3 +136,17 @@ def test_worker_and_up_flags_reach_the_engine():
     up_arguments(up)
     assert "--quantization=none" in spec_from_args(up.parse_args(["--quantization", "none"])).worker_args
     assert not any("quantization" in a for a in spec_from_args(up.parse_args([])).worker_args)
+
+
+def test_without_the_native_library_tiles_are_dequantized_with_torch(monkeypatch, caplog, full_precision):
+    from baton.engine.native import build
+
+    monkeypatch.setattr(build, "load", lambda: None)
+    monkeypatch.setattr(build, "failure", lambda: "no C compiler (cc or gcc) on PATH")
+    with caplog.at_level(logging.INFO, logger="baton.engine.quant.placement"):
+        engine = make_engine(quantization="auto", num_kv_blocks=64)
+    assert "tiles dequantized with torch" in caplog.text and "no C compiler" in caplog.text
+    assert engine.runner.native is None and engine.runner.model.layers[0].qkv.layout == "gguf"
+    ids = full_precision.tokenizer.encode(HELD_OUT)[:16]
+    # float32 inputs on the weights ggml would dequantize: the float32 path up to sum order
+    torch.testing.assert_close(prompt_logits(engine, ids), prompt_logits(full_precision, ids), atol=1e-3, rtol=1e-4)
