@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 IMAGE_TAG  ?= 0.1.0
 
-.PHONY: install run test test-fast lint bench-engine images clean
+.PHONY: install run test test-fast lint bench-engine bench-llama-cpp images clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ lint: install
 
 bench-engine: install
 	$(BIN)/python bench/engine.py
+
+# llama.cpp for bench/engine.py, built from source into bench/.venv-llama-cpp (long: run once)
+bench-llama-cpp:
+	nice bash bench/setup_llama_cpp.sh
 
 # container images for Kubernetes (needs a Docker engine)
 images:

@@ -1,13 +1,18 @@
-"""Engine vs HF transformers on the same model, side by side in one run.
+"""Engine vs HF transformers on the same model, and vs llama.cpp on its quantized weights,
+side by side in one run.
 
 (a) batch-1 decode tokens/s vs HF `generate`;
 (b) aggregate decode tokens/s with 32 concurrent sequences vs HF batch 1;
 (c) prefill tokens/s on a 1,024-token prompt vs HF's forward pass, and each one's share of
-    the matmul peak measured here (torch.mm, same dtype and threads).
-Runs alternate between the two systems and each figure is the median of --runs runs.
+    the matmul peak measured here (torch.mm, same dtype and threads);
+(d) section `llama_cpp`: batch-1 decode on the GGUF's quantized blocks vs llama.cpp on the
+    same file, at 1 and 2 threads (bench/quantized_vs_llama_cpp.py; needs
+    bench/setup_llama_cpp.sh once).
+Runs alternate between the systems and each figure is the median of --runs runs.
 
-    python bench/engine.py                      # bf16 and fp32 on this CPU
-    python bench/engine.py --device cuda --out bench/results/engine_gpu.json
+    python bench/engine.py                      # bf16 and fp32 vs HF, then vs llama.cpp
+    python bench/engine.py --sections llama_cpp --out bench/results/engine_quantized.json
+    python bench/engine.py --device cuda --sections hf --out bench/results/engine_gpu.json
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ def run_dtype(dtype_name: str, args) -> dict:
     path = bundled_model_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).to(args.device)
     hf.eval()
-    engine = Engine(dtype=dtype_name, device=args.device, chunk_size=0, max_num_batched_tokens=4096,
+    # quantization="none": HF runs the dequantized weights; the quantized path is section (d)
+    engine = Engine(dtype=dtype_name, quantization="none", device=args.device, chunk_size=0, max_num_batched_tokens=4096,
                     max_num_seqs=64, kv_cache_memory_gb=1.0)
     cfg = engine.model_config
     rng = random.Random(0)
@@ -141,21 +147,30 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--prefill-tokens", type=int, default=1024)
     parser.add_argument("--out", default="bench/results/engine.json")
+    parser.add_argument("--sections", default="hf,llama_cpp", help="hf (dtypes vs HF), llama_cpp (quantized)")
+    parser.add_argument("--llama-threads", default="1,2", help="thread counts of the llama.cpp comparison")
     args = parser.parse_args()
+    args.llama_threads = [int(t) for t in args.llama_threads.split(",")]
+    sections = set(args.sections.split(","))
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     results = {
         "bench": "engine",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {**machine_record(args.threads if args.device == "cpu" else None), "device": args.device},
-        "settings": {k: getattr(args, k) for k in ("runs", "decode_tokens", "concurrency", "prefill_tokens")},
+        "settings": {k: getattr(args, k) for k in ("runs", "decode_tokens", "concurrency", "prefill_tokens",
+                                                  "sections", "llama_threads")},
         "targets": TARGETS,
         "dtypes": {},
     }
-    for name in args.dtypes.split(","):
+    for name in args.dtypes.split(",") if "hf" in sections else ():
         results["dtypes"][name] = r = run_dtype(name, args)
         r["meets_targets"] = {k: r["ratios"][k] >= v for k, v in TARGETS.items()}
         print(name, json.dumps(r["tokens_per_s"]), json.dumps(r["ratios"]), json.dumps(r["prefill_share_of_peak"]), flush=True)
+    if "llama_cpp" in sections and args.device == "cpu":
+        import quantized_vs_llama_cpp
+
+        results["llama_cpp"] = quantized_vs_llama_cpp.run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -45,9 +45,11 @@ def hf_reference():
 
 
 def make_engine(**settings):
+    """An engine on the bundled model; full precision unless asked (HF's reference is the
+    dequantized model, computed in float32)."""
     from baton.engine import Engine
 
-    defaults = dict(dtype="float32", kv_cache_memory_gb=0.25, threads=2)
+    defaults = dict(dtype="float32", quantization="none", kv_cache_memory_gb=0.25, threads=2)
     defaults.update(settings)
     return Engine(**defaults)
 

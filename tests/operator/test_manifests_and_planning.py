@@ -41,7 +41,7 @@ def pod(name, role, state="active", ready=True, ip="10.0.0.1", template=None, ph
 
 def test_worker_pod_from_pvc():
     s = spec(model={"source": "pvc", "claimName": "models", "path": "llama"},
-             engine={"dtype": "bfloat16", "chunkSize": 256},
+             engine={"dtype": "bfloat16", "quantization": "none", "chunkSize": 256},
              decode={"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1}},
                      "tolerations": [{"key": "gpu", "operator": "Exists"}]})
     body = workers.worker_pod("d", "d-w-1", "decode", s)
@@ -49,6 +49,7 @@ def test_worker_pod_from_pvc():
     args = container["args"]
     assert args[args.index("--model") + 1] == "/models/llama"
     assert args[args.index("--dtype") + 1] == "bfloat16"
+    assert args[args.index("--quantization") + 1] == "none"
     assert args[args.index("--chunk-size") + 1] == "256"
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     model = next(v for v in body["spec"]["volumes"] if v["name"] == "model")

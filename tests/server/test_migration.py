@@ -13,12 +13,30 @@ from tests.server.workers import TOKEN, generate, handoff, new_id
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("blocks_restored")]
 
 LONG = {"max_tokens": 40, "ignore_eos": True}
+# long enough to be still decoding when a drain arrives, at the speed of quantized weights
+DRAINED = {"max_tokens": 160, "ignore_eos": True}
 
 
-def long_reference(cluster, ids):
-    r = asyncio.run(generate(cluster["both"], ids, LONG))
-    assert not r["errors"] and len(r["token_ids"]) == 40
+def long_reference(cluster, ids, params=LONG):
+    r = asyncio.run(generate(cluster["both"], ids, params))
+    assert not r["errors"] and len(r["token_ids"]) == params["max_tokens"]
     return r["token_ids"]
+
+
+def decoding_flag(tokens: int = 2):
+    """(event set once a stream has `tokens` tokens, its on_event callback)."""
+    flag = asyncio.Event()
+
+    async def on_event(_event, so_far):
+        if len(so_far["token_ids"]) >= tokens:
+            flag.set()
+
+    return flag, on_event
+
+
+async def drain(worker, peers: list[str]) -> httpx.Response:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client:
+        return await client.post(worker.url + "/internal/drain", json={"peers": peers})
 
 
 async def migrate_after(worker, rid: str, target: str, after_tokens: int, result: dict, event_result) -> None:
@@ -67,14 +85,17 @@ def test_migration_to_a_full_worker_keeps_the_sequence(cluster, prompt_ids):
 def test_drain_switch_to_prefill_serve_and_switch_back(cluster, prompt_ids, reference):
     worker, peer = cluster["decode-tcp"], cluster["decode-shm"]
     start = worker.state()
-    expected = [long_reference(cluster, prompt_ids[i]) for i in (2, 4)]
+    expected = [long_reference(cluster, prompt_ids[i], DRAINED) for i in (2, 4)]
     rids = [new_id("drain") for _ in expected]
 
     async def scenario():
-        streams = [asyncio.create_task(generate(worker, prompt_ids[i], LONG, rid=rid))
-                   for i, rid in zip((2, 4), rids)]
-        await asyncio.sleep(1.5)  # both are decoding by now
-        reply = worker.post("/internal/drain", {"peers": [peer.url]})
+        flags, streams = [], []
+        for i, rid in zip((2, 4), rids):
+            flag, on_event = decoding_flag()
+            flags.append(flag)
+            streams.append(asyncio.create_task(generate(worker, prompt_ids[i], DRAINED, rid=rid, on_event=on_event)))
+        await asyncio.wait_for(asyncio.gather(*(flag.wait() for flag in flags)), 60)  # both are decoding
+        reply = await drain(worker, [peer.url])
         assert reply.status_code == 202, reply.text
         assert worker.get("/ready").status_code == 503  # routers stop sending
         results = await asyncio.gather(*streams)
@@ -110,14 +131,15 @@ def test_drain_switch_to_prefill_serve_and_switch_back(cluster, prompt_ids, refe
 def test_drain_without_room_lets_sequences_finish_here(cluster, prompt_ids):
     worker = cluster["decode-shm"]
     ids = prompt_ids[0]
-    expected = long_reference(cluster, ids)
+    expected = long_reference(cluster, ids, DRAINED)
     rid = new_id("kept")
 
     async def scenario():
-        stream = asyncio.create_task(generate(worker, ids, LONG, rid=rid))
-        await asyncio.sleep(1.0)
+        flag, on_event = decoding_flag()
+        stream = asyncio.create_task(generate(worker, ids, DRAINED, rid=rid, on_event=on_event))
+        await asyncio.wait_for(flag.wait(), 60)
         # the only peer is a prefill worker: it takes no imports, so the sequence stays
-        assert worker.post("/internal/drain", {"peers": [cluster["prefill"].url]}).status_code == 202
+        assert (await drain(worker, [cluster["prefill"].url])).status_code == 202
         return await stream
 
     result = asyncio.run(scenario())

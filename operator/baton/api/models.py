@@ -53,6 +53,9 @@ class ModelSource(ApiModel):
 
 class EngineSettings(ApiModel):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    quantization: Literal["auto", "none"] = Field(
+        "auto", description="auto: a GGUF model's Q4_0/Q4_1/Q8_0 weights served as stored; "
+        "none: dequantized to dtype at load")
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one step")
     chunk_size: int = Field(512, ge=1, description="prefill chunk, in tokens")

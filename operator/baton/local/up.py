@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--controller-port", type=int, default=0,
                        help="port of the controller's /decisions and /metrics (0: any free one)")
     parser.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder)")
+    parser.add_argument("--quantization", choices=["auto", "none"], default=None,
+                        help="workers' weights: auto (the default) serves a GGUF's quantized blocks "
+                        "as they are, none dequantizes them to --dtype")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="extra `baton worker` argument, e.g. --worker-arg=--dtype=float32 (repeatable)")
 
@@ -48,11 +51,13 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
     if tpot is None and args.autoscale:
         tpot = PolicyConfig.tpot_slo_s
     # the workers keep running decodes within the same TPOT objective the sizing plans for
-    objective = ["--tpot-objective-ms", f"{tpot * 1e3:g}"] if tpot else []
+    extra = ["--tpot-objective-ms", f"{tpot * 1e3:g}"] if tpot else []
+    if args.quantization:
+        extra.append(f"--quantization={args.quantization}")
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
-                     worker_args=objective + list(args.worker_arg), log_dir=args.log_dir)
+                     worker_args=extra + list(args.worker_arg), log_dir=args.log_dir)
 
 
 def autoscale_settings(args: argparse.Namespace):

@@ -11,6 +11,7 @@ from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
 ROLES = ("prefill", "decode", "both")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+QUANTIZATIONS = ("auto", "none")  # auto: a checkpoint's quantized blocks as they are; none: full precision
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class EngineConfig:
 
     model: str | None = None
     dtype: str = "auto"  # auto = bfloat16 on GPUs and on CPUs with bf16 in hardware, else float32
+    quantization: str = "auto"  # see QUANTIZATIONS; the dtype is then that of everything else
     device: str = "auto"  # auto = cuda when available, else cpu
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
@@ -94,6 +96,8 @@ class EngineConfig:
     def validate(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

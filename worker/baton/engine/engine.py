@@ -40,7 +40,7 @@ class Engine:
         self.device = self.config.torch_device()
         self.dtype, why = self.config.dtype_choice(self.device)
         log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), why)
-        source = load_source(model)
+        source = load_source(model, keep_quantized=self.config.quantization == "auto")
         self.model_name = source.name
         self.model_config = source.config
         self.tokenizer = source.tokenizer

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 from baton.engine.config import ModelConfig
+from baton.engine.quant.formats import format_named
+from baton.engine.quant.weight import QuantizedTensor
 from baton.engine.tokenizer import Tokenizer
 
 # GGUF tensor names -> HF names ("{i}" is the layer index)
@@ -63,7 +65,10 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     )
 
 
-def load_gguf(path: Path):
+def load_gguf(path: Path, keep_quantized: bool = False):
+    """`keep_quantized`: a matrix stored in a quantized format comes as a QuantizedTensor of
+    its blocks, unchanged (an unsupported format is an error naming it); otherwise every
+    tensor is dequantized to float32."""
     from gguf import GGUFReader
 
     from baton.engine.loader import ModelSource
@@ -75,9 +80,11 @@ def load_gguf(path: Path):
     arch = _field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "mistral"):
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path}")
+    if keep_quantized:
+        _check_formats(reader)  # before anything else is read: a bad file fails at once
     config = _gguf_config(reader, arch)
     tokenizer = _gguf_tokenizer(reader, config)
-    return ModelSource(config, tokenizer, _gguf_tensors(reader, config), path.stem)
+    return ModelSource(config, tokenizer, _gguf_tensors(reader, config, keep_quantized), path.stem)
 
 
 def _gguf_config(reader, arch: str) -> ModelConfig:
@@ -108,24 +115,55 @@ def _gguf_config(reader, arch: str) -> ModelConfig:
     )
 
 
-def _gguf_tensors(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _kept_quantized(t) -> bool:
+    """A matrix in a quantized format (vectors are small: they are dequantized)."""
+    return t.tensor_type.name not in _FLOAT_TYPES and len(t.shape) == 2
+
+
+def _check_formats(reader) -> None:
+    for t in reader.tensors:
+        if _kept_quantized(t):
+            format_named(t.tensor_type.name, t.name)
+
+
+def _quantized(t, config: ModelConfig) -> QuantizedTensor:
+    fmt = format_named(t.tensor_type.name, t.name)
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
+    heads = _permuted_heads(t.name, config)
+    if heads:  # whole rows move: each row's blocks stay as they are
+        raw = unpermute_rows(torch.from_numpy(np.array(raw)), heads).numpy()
+    return QuantizedTensor(fmt, raw, int(t.shape[0]))
+
+
+def _permuted_heads(name: str, config: ModelConfig) -> int:
+    """llama.cpp permutes Q/K rows for its interleaved RoPE; HF rotates halves."""
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
+        return config.num_heads
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
+        return config.num_kv_heads
+    return 0
+
+
+def _gguf_tensors(reader, config: ModelConfig, keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     for t in reader.tensors:
         hf_name = _hf_name(t.name)
+        if keep_quantized and _kept_quantized(t):
+            yield hf_name, _quantized(t, config)
+            continue
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             array = np.asarray(t.data, dtype=np.float32)
         else:
             array = dequantize(t.data, t.tensor_type)
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest first
         tensor = torch.from_numpy(np.array(array, dtype=np.float32)).reshape(shape)
-        # llama.cpp permutes Q/K rows for its interleaved RoPE; HF rotates halves
-        if t.name.endswith("attn_q.weight") or t.name.endswith("attn_q.bias"):
-            tensor = unpermute_rows(tensor, config.num_heads) if config.num_heads else tensor
-        elif t.name.endswith("attn_k.weight") or t.name.endswith("attn_k.bias"):
-            tensor = unpermute_rows(tensor, config.num_kv_heads)
-        yield hf_name, tensor
+        heads = _permuted_heads(t.name, config)
+        yield hf_name, unpermute_rows(tensor, heads) if heads else tensor
 
 
 def _gguf_tokenizer(reader, config: ModelConfig) -> Tokenizer:

@@ -40,11 +40,13 @@ def bundled_model_path() -> Path:
 class ModelSource:
     config: ModelConfig
     tokenizer: Tokenizer
-    tensors: Iterator[tuple[str, torch.Tensor]]  # HF names, any float dtype
+    tensors: Iterator[tuple[str, torch.Tensor]]  # HF names, any float dtype (or QuantizedTensor)
     name: str
 
 
-def load_source(model: str | os.PathLike | None) -> ModelSource:
+def load_source(model: str | os.PathLike | None, keep_quantized: bool = False) -> ModelSource:
+    """`keep_quantized`: a GGUF file's quantized matrices come as their blocks (QuantizedTensor);
+    a HF folder holds none."""
     path = bundled_model_path() if model is None else Path(model)
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
@@ -53,7 +55,7 @@ def load_source(model: str | os.PathLike | None) -> ModelSource:
     if path.suffix == ".gguf":
         from baton.engine.gguf_source import load_gguf
 
-        return load_gguf(path)
+        return load_gguf(path, keep_quantized)
     raise ValueError(f"unsupported model path {path}: expected a HF folder or a .gguf file")
 
 

@@ -9,6 +9,7 @@ from baton.engine.config import EngineConfig, ModelConfig
 from baton.engine.kernels import get_ops
 from baton.engine.models.llama import AttentionMetadata, LlamaModel
 from baton.engine.native.decoder import NativeDecoder
+from baton.engine.quant.placement import place_quantized
 from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
 from baton.engine.weights import load_weights
@@ -33,6 +34,7 @@ class ModelRunner:
         self.model = LlamaModel(model_config, self.ops, dtype, max_positions=max_len)
         load_weights(self.model, tensors)
         self.model.to(device)
+        self.quantization = place_quantized(self.model, device, config.quantization)
         self.model.prepare()
         self.num_blocks = self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)

@@ -6,8 +6,10 @@ import re
 from collections.abc import Iterable
 
 import torch
+from torch import nn
 
 from baton.engine.models.llama import LlamaModel
+from baton.engine.quant.weight import QuantizedTensor, QuantizedWeight
 
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # HF suffix -> (engine parameter, row slot in the fused matrix or None)
@@ -35,6 +37,7 @@ def load_weights(model: LlamaModel, tensors: Iterable[tuple[str, torch.Tensor]])
     fused_rows = {"qkv": [0, q, q + kv, q + 2 * kv], "qkv_bias": [0, q, q + kv, q + 2 * kv],
                   "gate_up": [0, inter, 2 * inter]}
     filled: set[str] = set()
+    quantized: dict[tuple[nn.Module, str], dict[int, QuantizedTensor]] = {}  # (owner, name) -> slot -> part
     for name, tensor in tensors:
         if name.endswith(_IGNORED):
             continue
@@ -43,9 +46,38 @@ def load_weights(model: LlamaModel, tensors: Iterable[tuple[str, torch.Tensor]])
             continue
         if target.shape != tensor.shape:
             raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-        target.copy_(tensor.to(target.dtype))
+        if isinstance(tensor, QuantizedTensor):
+            owner, param_name, slot = _owner(model, name)
+            quantized.setdefault((owner, param_name), {})[slot] = tensor
+        else:
+            target.copy_(tensor.to(target.dtype))
         filled.add(label)
     _check_complete(model, filled)
+    for (owner, param_name), slots in quantized.items():
+        _use_quantized(model, owner, param_name, slots)
+
+
+def _owner(model: LlamaModel, name: str) -> tuple[nn.Module, str, int]:
+    """(module, parameter name, slot in a fused matrix) of a weight."""
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return model, "embed" if name == "model.embed_tokens.weight" else "lm_head", 0
+    m = _LAYER_RE.fullmatch(name)
+    param_name, slot = _LAYER_MAP[m.group(2)]
+    return model.layers[int(m.group(1))], param_name, slot or 0
+
+
+def _use_quantized(model: LlamaModel, owner: nn.Module, name: str, slots: dict[int, QuantizedTensor]) -> None:
+    """Put a QuantizedWeight where the full-precision matrix was (which is dropped)."""
+    expected = 3 if name == "qkv" else 2 if name == "gate_up" else 1
+    if len(slots) != expected:
+        raise ValueError(f"{name} mixes quantized and full-precision parts; "
+                         "load the checkpoint with --quantization none")
+    weight = QuantizedWeight([slots[i] for i in sorted(slots)])
+    delattr(owner, name)
+    setattr(owner, name, weight)
+    if name == "embed" and model.cfg.tie_word_embeddings:  # the head is the embedding
+        del model.lm_head
+        model.lm_head = weight
 
 
 def _resolve(model: LlamaModel, name: str, fused_rows: dict) -> tuple[torch.Tensor | None, str]:

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 
+from baton.engine.config import QUANTIZATIONS
 from baton.kv.transport import TOKEN_ENV
 from baton.server.settings import KV_TRANSPORTS, WorkerSettings
 
@@ -21,6 +22,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--advertise-host", default=None, help="host other workers reach this one at")
     parser.add_argument("--worker-id", default=None, help="identity in tickets (default: host-port)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                        help="auto: products on a GGUF checkpoint's quantized blocks as they are "
+                        "(Q4_0, Q4_1, Q8_0); none: weights at full precision (--dtype)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--chunk-size", type=int, default=None,
@@ -52,6 +56,7 @@ def settings_from_args(args) -> WorkerSettings:
         role=args.role, model=None if args.model in ("bundled", "", None) else args.model,
         host=args.host, port=args.port, kv_port=args.kv_port, kv_transport=args.kv_transport,
         advertise_host=args.advertise_host, worker_id=args.worker_id, dtype=args.dtype,
+        quantization=args.quantization,
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
         chunk_size=default_chunk_size(args.role) if args.chunk_size is None else args.chunk_size,
         tpot_objective_s=args.tpot_objective_ms / 1e3, kv_cache_memory_gb=args.kv_cache_memory_gb,

@@ -32,6 +32,7 @@ class WorkerSettings:
     advertise_host: str | None = None  # host put in tickets; default: --host, or the hostname
     worker_id: str | None = None
     dtype: str = "auto"
+    quantization: str = "auto"
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     chunk_size: int = 512
@@ -96,6 +97,7 @@ class WorkerSettings:
     def engine_settings(self) -> dict:
         settings = dict(
             dtype=self.dtype,
+            quantization=self.quantization,
             block_size=self.block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,
             chunk_size=self.chunk_size,

@@ -49,6 +49,7 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
         "--advertise-host", "$(POD_IP)",
         "--worker-id", "$(POD_NAME)",
         "--dtype", engine.dtype,
+        "--quantization", engine.quantization,
         "--block-size", str(engine.block_size),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--chunk-size", str(engine.chunk_size),

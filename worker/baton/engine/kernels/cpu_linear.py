@@ -26,7 +26,12 @@ def _onednn_bf16_available() -> bool:
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
-    """A function computing x @ weight.T + bias as fast as this device allows."""
+    """A function computing x @ weight.T + bias as fast as this device allows (weight may be
+    a quant.weight.QuantizedWeight: its blocks' own products)."""
+    from baton.engine.quant.weight import QuantizedWeight
+
+    if isinstance(weight, QuantizedWeight):
+        return lambda x: weight.linear(x, bias)
     if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and _onednn_bf16_available():
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)

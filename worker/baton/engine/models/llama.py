@@ -134,6 +134,12 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             layer.prepare()
         self.lm_head_fn = make_linear(self.lm_head)
+        embed = self.embed
+        if isinstance(embed, nn.Parameter):
+            self.embed_fn = lambda ids: F.embedding(ids, embed)
+        else:  # quantized: each token's row dequantized
+            dtype = self.norm.dtype
+            self.embed_fn = lambda ids: embed.embedding(ids, dtype)
 
     @torch.inference_mode()
     def forward(
@@ -146,7 +152,7 @@ class LlamaModel(nn.Module):
         layer_hook: LayerHook | None = None,
     ) -> torch.Tensor:
         """Run one step; return fp32 logits of the tokens at `logits_indices` only."""
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self.embed_fn(input_ids)
         residual = None
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_caches[index]

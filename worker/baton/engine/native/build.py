@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("decode_step.c")
-HEADERS = (Path(__file__).with_name("decode_step_body.h"), Path(__file__).with_name("dot_bf16.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in (
+    "decode_step_body.h", "dot_bf16.h", "quant_kernels.h", "quant_product.h"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
 ENTRY_POINTS = {torch.float32: "baton_decode_step_f32", torch.bfloat16: "baton_decode_step_bf16"}
@@ -53,7 +54,7 @@ def cpu_identity() -> str:
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
 
 
-def _compile(target: Path) -> None:
+def _compile(target: Path, flags: list[str]) -> None:
     compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
     if compiler[0] is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
@@ -61,7 +62,7 @@ def _compile(target: Path) -> None:
     # build beside the target, then rename: a concurrent builder never sees half a file
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
-        cmd = [*compiler, *FLAGS, str(SOURCE), "-o", str(partial),
+        cmd = [*compiler, *flags, str(SOURCE), "-o", str(partial),
                f"-L{TORCH_LIB}", "-ltorch_cpu", f"-Wl,-rpath,{TORCH_LIB}", "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
@@ -69,12 +70,14 @@ def _compile(target: Path) -> None:
         os.replace(partial, target)
 
 
-def build_library(folder: Path) -> Path:
-    """The library for this source, flags, torch and CPU in `folder`, compiled if missing."""
+def build_library(folder: Path, flags: list[str] | None = None) -> Path:
+    """The library for this source, flags, torch and CPU in `folder`, compiled if missing.
+    `flags` replaces FLAGS (tests build the portable kernels with another -march)."""
+    flags = FLAGS if flags is None else flags
     source = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
-    target = folder / library_name(source, FLAGS, torch.__version__, cpu_identity())
+    target = folder / library_name(source, flags, torch.__version__, cpu_identity())
     if not target.exists():
-        _compile(target)
+        _compile(target, flags)
     return target
 
 
@@ -82,6 +85,11 @@ def open_library(path: Path) -> ctypes.CDLL:
     # its libtorch_cpu dependency is the one this process loaded with torch (same soname)
     lib = ctypes.CDLL(str(path))
     for name in ENTRY_POINTS.values():
+        getattr(lib, name).restype = None
+    lib.baton_quant_kernel.restype = ctypes.c_char_p
+    lib.baton_quant_input_bytes.restype = ctypes.c_int64
+    lib.baton_quant_input_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    for name in ("baton_quant_product", "baton_quant_quantize_input", "baton_quant_dequantize"):
         getattr(lib, name).restype = None
     return lib
 

@@ -44,11 +44,15 @@ void BRGEMM_RELEASE(bool vnni) __attribute__((weak));
 bool BRGEMM_COULD_PACK(int8_t type) __attribute__((weak));
 enum { TORCH_BFLOAT16 = 15 }; /* c10::ScalarType::BFloat16 */
 
+#include "quant_product.h"
+
 typedef struct { /* every tensor in the model's dtype (fp32 or bf16) */
     const void *input_norm, *qkv, *qkv_bias, *o_proj, *post_norm, *gate_up, *down;
     void *k_cache, *v_cache;
     /* bf16: the four products' weights packed by baton_pack_bf16, or NULL (MKL instead) */
     const void *qkv_packed, *o_proj_packed, *gate_up_packed, *down_packed;
+    /* the four products' quantized weights, or NULL (then the weights above) */
+    const QuantMatrix *qkv_quant, *o_proj_quant, *gate_up_quant, *down_quant;
 } Layer;
 
 typedef struct {
@@ -59,11 +63,13 @@ typedef struct {
     const float *cos_sin; /* fp32 [max_positions, head_dim]: cos, then sin */
     const Layer *layers;
     int bf16_dot; /* bf16 without packed weights: 1 = the CPU's dot products, 0 = MKL's */
+    const QuantMatrix *embed_quant, *lm_head_quant; /* or NULL */
 } Model;
 
 typedef struct { /* scratch, each [rows, width] */
     float *residual, *normed, *qkv, *attn, *gate_up, *act, *out;
     uint16_t *matmul_input; /* bf16 only: a product's input rows */
+    void *quant_input;      /* quantized weights only: baton_quant_input_bytes(rows, widest) */
 } Workspace;
 
 static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t position) {
@@ -109,11 +115,26 @@ static inline uint16_t f32_to_bf16(float x) {
 static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
+/* A product on quantized weights: out = x @ W^T (+ bias, of the model's dtype). */
+static void linear_quant(const QuantMatrix *w, const float *x, int rows, int n, const void *bias,
+                         int bias_bf16, float *out, void *scratch) {
+    baton_quant_product(w, x, rows, out, scratch);
+    if (!bias) return;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++)
+            out[(int64_t)r * n + j] += bias_bf16 ? bf16_to_f32(((const uint16_t *)bias)[j])
+                                                 : ((const float *)bias)[j];
+}
+
 /* out[rows, n] = x[rows, k] @ w[n, k]^T (+ bias): torch's addmm call for F.linear. */
-static void linear_f32(const Model *m, const float *x, int rows, int k, const void *weight,
-                       const void *unused_packed, int n, const void *bias, float *out,
-                       uint16_t *unused) {
-    (void)m, (void)unused_packed, (void)unused;
+static void linear_f32(const Model *m, const Workspace *ws, const float *x, int rows, int k,
+                       const void *weight, const void *unused_packed, const QuantMatrix *quant,
+                       int n, const void *bias, float *out) {
+    (void)m, (void)unused_packed;
+    if (quant) {
+        linear_quant(quant, x, rows, n, bias, 0, out, ws->quant_input);
+        return;
+    }
     const float one = 1.0f;
     float beta = 0.0f;
     if (bias) {
@@ -171,9 +192,16 @@ static void product_packed(const uint16_t *input, int rows, int k, const uint16_
 }
 
 /* The same in bf16: fp32 accumulation, the bias added before the one rounding. */
-static void linear_bf16(const Model *m, const float *x, int rows, int k, const void *weight, const void *packed,
-                        int n, const void *bias, float *out, uint16_t *input) {
+static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int rows, int k,
+                        const void *weight, const void *packed, const QuantMatrix *quant, int n,
+                        const void *bias, float *out) {
     const int64_t in_count = (int64_t)rows * k, out_count = (int64_t)rows * n;
+    if (quant) {
+        linear_quant(quant, x, rows, n, bias, 1, out, ws->quant_input);
+        for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);
+        return;
+    }
+    uint16_t *input = ws->matmul_input;
     for (int64_t i = 0; i < in_count; i++) input[i] = f32_to_bf16(x[i]);
     if (packed) {
         product_packed(input, rows, k, (const uint16_t *)packed, n, out);

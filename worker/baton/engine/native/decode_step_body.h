@@ -159,8 +159,8 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
     const int qkv_width = (hq + 2 * hkv) * d, kv_width = hkv * d;
     ELEM *k_cache = (ELEM *)layer->k_cache, *v_cache = (ELEM *)layer->v_cache;
     FN(norm_rows)(m, layer->input_norm, rows, ws);
-    FN(linear)(m, ws->normed, rows, h, layer->qkv, layer->qkv_packed, qkv_width, layer->qkv_bias,
-               ws->qkv, ws->matmul_input);
+    FN(linear)(m, ws, ws->normed, rows, h, layer->qkv, layer->qkv_packed, layer->qkv_quant, qkv_width,
+               layer->qkv_bias, ws->qkv);
     for (int r = 0; r < rows; r++) {
         float *row = ws->qkv + (int64_t)r * qkv_width;
         FN(rope_heads)(row, hq + hkv, d, m->cos_sin, positions[r]); /* K's heads follow Q's */
@@ -171,17 +171,17 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
         }
     }
     FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
-    FN(linear)(m, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, h, NULL, ws->out,
-               ws->matmul_input);
+    FN(linear)(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
+               NULL, ws->out);
 }
 
 static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Workspace *ws) {
     const int h = m->hidden, i = m->intermediate;
     FN(norm_rows)(m, layer->post_norm, rows, ws);
-    FN(linear)(m, ws->normed, rows, h, layer->gate_up, layer->gate_up_packed, 2 * i, NULL, ws->gate_up,
-               ws->matmul_input);
+    FN(linear)(m, ws, ws->normed, rows, h, layer->gate_up, layer->gate_up_packed, layer->gate_up_quant, 2 * i,
+               NULL, ws->gate_up);
     FN(silu_and_mul)(ws->gate_up, rows, i, ws->act);
-    FN(linear)(m, ws->act, rows, i, layer->down, layer->down_packed, h, NULL, ws->out, ws->matmul_input);
+    FN(linear)(m, ws, ws->act, rows, i, layer->down, layer->down_packed, layer->down_quant, h, NULL, ws->out);
 }
 
 /* One new token for each of `rows` sequences, at `positions` (their caches hold every
@@ -193,9 +193,15 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
     const int h = m->hidden;
     const int64_t width = (int64_t)rows * h;
     const ELEM *embed = (const ELEM *)m->embed;
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < h; i++)
-            ws->residual[(int64_t)r * h + i] = LOAD(embed[token_ids[r] * h + i]);
+    for (int r = 0; r < rows; r++) {
+        float *row = ws->residual + (int64_t)r * h;
+        if (m->embed_quant) { /* the token's row, dequantized and rounded as a weight load is */
+            baton_quant_dequantize(m->embed_quant, (int)token_ids[r], 1, row);
+            for (int i = 0; i < h; i++) row[i] = ROUND(row[i]);
+        } else {
+            for (int i = 0; i < h; i++) row[i] = LOAD(embed[token_ids[r] * h + i]);
+        }
+    }
     for (int l = 0; l < m->num_layers; l++) {
         const Layer *layer = &m->layers[l];
         if (l > 0) FN(add_rows)(ws->residual, ws->out, width);
@@ -205,6 +211,6 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
     }
     FN(add_rows)(ws->residual, ws->out, width);
     FN(norm_rows)(m, m->final_norm, rows, ws);
-    FN(linear)(m, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->vocab, NULL, logits,
-               ws->matmul_input);
+    FN(linear)(m, ws, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
+               logits);
 }

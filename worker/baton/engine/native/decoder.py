@@ -17,6 +17,7 @@ import torch
 
 from baton.engine.native import build
 from baton.engine.native.packing import packed_weights, use_dot_products
+from baton.engine.quant.weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
 _f32p = ctypes.POINTER(ctypes.c_float)
@@ -26,7 +27,8 @@ _voidp = ctypes.c_void_p
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _voidp) for name in (
         "input_norm", "qkv", "qkv_bias", "o_proj", "post_norm", "gate_up", "down", "k_cache", "v_cache",
-        "qkv_packed", "o_proj_packed", "gate_up_packed", "down_packed")]
+        "qkv_packed", "o_proj_packed", "gate_up_packed", "down_packed",
+        "qkv_quant", "o_proj_quant", "gate_up_quant", "down_quant")]
 
 
 class _Model(ctypes.Structure):
@@ -40,6 +42,8 @@ class _Model(ctypes.Structure):
         ("cos_sin", _f32p),
         ("layers", ctypes.POINTER(_Layer)),
         ("bf16_dot", ctypes.c_int),
+        ("embed_quant", _voidp),
+        ("lm_head_quant", _voidp),
     ]
 
 
@@ -47,11 +51,21 @@ _WORKSPACE = ("residual", "normed", "qkv", "attn", "gate_up", "act", "out")
 
 
 class _Workspace(ctypes.Structure):
-    _fields_ = [*[(name, _f32p) for name in _WORKSPACE], ("matmul_input", _voidp)]
+    _fields_ = [*[(name, _f32p) for name in _WORKSPACE], ("matmul_input", _voidp), ("quant_input", _voidp)]
 
 
 def _ptr(t: torch.Tensor | None):
-    return None if t is None else t.data_ptr()
+    """A full-precision tensor's data (None for a quantized matrix: see _quant)."""
+    return None if t is None or isinstance(t, QuantizedWeight) else t.data_ptr()
+
+
+def _quant(w) -> int | None:
+    """A quantized matrix's QuantMatrix (quant_product.h), or None."""
+    if not isinstance(w, QuantizedWeight):
+        return None
+    if w.native_matrix is None:
+        raise ValueError("a quantized matrix was not prepared for the native kernels")
+    return ctypes.addressof(w.native_matrix)
 
 
 def unavailable_reason(model, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -77,7 +91,9 @@ class NativeDecoder:
         }
         # everything a pointer is taken of stays referenced as long as the decoder lives
         self._keep = [tensor for tensor, _ in _bound_tensors(model, kv_caches, dtype)]
-        self.packed = packed_weights(lib, model) if dtype == torch.bfloat16 else None
+        products = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        self.quantized = any(isinstance(w, QuantizedWeight) for w in (model.embed, model.lm_head, *products))
+        self.packed = packed_weights(lib, model) if dtype == torch.bfloat16 and not self.quantized else None
         self._keep.append(self.packed)
         self.bf16_dot = dtype == torch.bfloat16 and self.packed is None and use_dot_products(lib)
         self.vocab = cfg.vocab_size
@@ -92,7 +108,10 @@ class NativeDecoder:
             embed=_ptr(model.embed), final_norm=_ptr(model.norm), lm_head=_ptr(model.lm_head),
             lm_head_packed=_ptr(self.packed.lm_head) if self.packed else None,
             cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p), bf16_dot=int(self.bf16_dot),
+            embed_quant=_quant(model.embed), lm_head_quant=_quant(model.lm_head),
         )
+        self._lib = lib
+        self._widest_input = max(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
         self._layers = (_Layer * cfg.num_layers)()
         for index, layer in enumerate(model.layers):
             k_cache, v_cache = kv_caches[index]
@@ -100,7 +119,8 @@ class NativeDecoder:
             self._layers[index] = _Layer(
                 _ptr(layer.input_norm), _ptr(layer.qkv), _ptr(layer.qkv_bias), _ptr(layer.o_proj),
                 _ptr(layer.post_attention_norm), _ptr(layer.gate_up), _ptr(layer.down),
-                _ptr(k_cache), _ptr(v_cache), *(_ptr(t) for t in packed))
+                _ptr(k_cache), _ptr(v_cache), *(_ptr(t) for t in packed),
+                *(_quant(w) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)))
         self._model.layers = self._layers
         self._rows = 0
         self._workspace = _Workspace()
@@ -131,6 +151,10 @@ class NativeDecoder:
         widest_input = max(self._row_widths[name] for name in ("residual", "attn", "act"))
         self._buffers["matmul_input"] = buffer = torch.empty(self._rows * widest_input, dtype=torch.bfloat16)
         self._workspace.matmul_input = buffer.data_ptr()
+        if self.quantized:
+            size = self._lib.baton_quant_input_bytes(self._rows, self._widest_input)
+            self._buffers["quant_input"] = buffer = torch.empty(size, dtype=torch.uint8)
+            self._workspace.quant_input = buffer.data_ptr()
 
     def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray) -> torch.Tensor:
         """Logits [rows, vocab] (fp32) of one new token per sequence; writes their K/V.
@@ -176,11 +200,12 @@ def _bound_tensors(model, kv_caches, dtype: torch.dtype):
     """(tensor, the dtype the native code reads it as) for everything it is handed."""
     yield model.cos_sin, torch.float32
     for tensor in (model.embed, model.norm, model.lm_head):
-        yield tensor, dtype
+        if not isinstance(tensor, QuantizedWeight):
+            yield tensor, dtype
     for layer in model.layers:
         for tensor in (layer.input_norm, layer.qkv, layer.qkv_bias, layer.o_proj,
                        layer.post_attention_norm, layer.gate_up, layer.down):
-            if tensor is not None:
+            if tensor is not None and not isinstance(tensor, QuantizedWeight):
                 yield tensor, dtype
     for k_cache, v_cache in kv_caches:
         yield k_cache, dtype

@@ -1,0 +1,21 @@
+"""Random quantized rows for the quantization tests: every quant value, sane scales."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from baton.engine.quant.formats import BLOCK, BlockFormat
+
+
+def random_rows(fmt: BlockFormat, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """uint8 [rows, row_bytes]: random quants (all 256 bytes, -128 included for Q8_0) and
+    float16 scales and minimums of mixed sign and magnitude."""
+    rng = np.random.default_rng(seed)
+    nb = k // BLOCK
+    blocks = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
+    d = (rng.standard_normal((rows, nb)) * 0.02).astype(np.float16)
+    blocks[..., 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+    if fmt.has_min:
+        m = (rng.standard_normal((rows, nb)) * 0.1).astype(np.float16)
+        blocks[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
+    return blocks.reshape(rows, -1)

@@ -1,0 +1,106 @@
+"""The block formats, their CPU layout and the int16 input rows, against ggml's definitions
+(the `gguf` package's quantize/dequantize) and against plain float arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from baton.engine.quant.activations import product_reference, quantize_rows
+from baton.engine.quant.formats import FORMATS, UnsupportedQuantization, dequantize, format_named
+from baton.engine.quant.interleave import ROWS, deinterleave, interleave
+from baton.engine.quant.torch_blocks import dequantize_rows
+
+from .quant_data import random_rows
+
+NAMES = list(FORMATS)
+
+
+def _gguf_rows(name: str, rows: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 values, their GGUF blocks) quantized by the gguf package itself."""
+    values = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32)
+    return values, gguf_quantize(values, GGMLQuantizationType[name])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dequantize_matches_ggml_bit_for_bit(name):
+    fmt = FORMATS[name]
+    for raw in (_gguf_rows(name, 7, 96)[1], random_rows(fmt, 7, 96, seed=1)):
+        expected = gguf_dequantize(raw, GGMLQuantizationType[name]).reshape(7, 96)
+        np.testing.assert_array_equal(dequantize(fmt, raw), expected)
+        np.testing.assert_array_equal(dequantize_rows(fmt, torch.from_numpy(raw)).numpy(), expected)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ggml_quantization_is_within_one_step(name):
+    values, raw = _gguf_rows(name, 4, 64)
+    fmt = FORMATS[name]
+    d = np.abs(dequantize(fmt, raw) - values).reshape(4, 2, 32).max(axis=-1)
+    scales = raw.reshape(4, 2, fmt.block_bytes)[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    assert (d <= np.abs(scales) * 0.5 + 1e-3).all()  # half a quantization step (+ float16 scale rounding)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("rows", [1, 16, 21, 40])
+def test_interleaving_keeps_every_byte_and_round_trips(name, rows):
+    fmt = FORMATS[name]
+    raw = random_rows(fmt, rows, 64, seed=rows)
+    data = interleave(fmt, raw)
+    assert data.nbytes == -(-rows // ROWS) * ROWS * raw.shape[1]  # padding only to whole groups
+    np.testing.assert_array_equal(deinterleave(fmt, data, rows, 64), raw)
+
+
+def test_interleaved_layout_puts_a_row_in_one_lane():
+    fmt = FORMATS["Q4_1"]
+    raw = random_rows(fmt, 16, 32)
+    data = interleave(fmt, raw)
+    row = 5
+    assert bytes(data[2 * row : 2 * row + 2]) == bytes(raw[row, 0:2])  # its scale
+    assert bytes(data[32 + 2 * row : 34 + 2 * row]) == bytes(raw[row, 2:4])  # its minimum
+    chunk1 = 64 + 64 * 1 + 4 * row  # quant bytes 4..7 of its block
+    assert bytes(data[chunk1 : chunk1 + 4]) == bytes(raw[row, 8:12])
+
+
+def test_q8_quants_are_stored_unsigned():
+    fmt = FORMATS["Q8_0"]
+    raw = random_rows(fmt, 16, 32)
+    data = interleave(fmt, raw)
+    assert data[32 + 4 * 3] == raw[3, 2] ^ 0x80
+
+
+@pytest.mark.parametrize("name", ["Q6_K", "Q5_0", "IQ4_NL", "F8"])
+def test_an_unsupported_format_is_named(name):
+    with pytest.raises(UnsupportedQuantization, match=rf"{name} \(tensor blk\.0\.ffn_down\.weight\).*--quantization none"):
+        format_named(name, "blk.0.ffn_down.weight")
+
+
+def test_input_rows_quantize_within_half_a_step():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 96)).astype(np.float32) * np.array([1e-3, 1.0, 50.0], dtype=np.float32)[:, None]
+    x[0, :32] = 0.0  # an all-zero block
+    qx = quantize_rows(x)
+    assert np.abs(qx.q.astype(np.int32)).max() <= 32767
+    assert qx.d[0, 0] == 0 and not qx.q[0, :32].any()
+    back = qx.q.reshape(3, 3, 32) * qx.d[..., None]
+    assert (np.abs(back - x.reshape(3, 3, 32)) <= qx.d[..., None] * 0.5 * (1 + 1e-6)).all()
+    np.testing.assert_array_equal(qx.sums, qx.q.reshape(3, 3, 32).astype(np.int32).sum(-1))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_int16_product_is_the_float_product_up_to_input_rounding(name):
+    fmt = FORMATS[name]
+    raw = random_rows(fmt, 24, 128, seed=7)
+    x = np.random.default_rng(8).standard_normal((2, 128)).astype(np.float32)
+    weights = dequantize(fmt, raw).astype(np.float64)
+    exact = x.astype(np.float64) @ weights.T
+    qx = quantize_rows(x)
+    # each input value moves at most half its block's step: bound the product's change
+    bound = (np.abs(weights).reshape(24, 4, 32).sum(-1) * qx.d[:, None] * 0.5).sum(-1) * (1 + 1e-6)
+    got = product_reference(fmt, raw, x)
+    assert (np.abs(got - exact) <= bound).all()
+    x_rounded = (qx.q.reshape(2, 4, 32) * qx.d[..., None].astype(np.float64)).reshape(2, 128)
+    np.testing.assert_allclose(got, x_rounded @ weights.T, rtol=1e-9, atol=1e-9)

@@ -1,0 +1,115 @@
+"""The native int16 kernels on quantized weights against the numpy references, in every
+variant this CPU can run (the one built for it, and the portable ones built for older
+x86 CPUs: a CPU without AVX-512 or AVX2 gets those)."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+import torch
+
+from baton.engine.cpu_features import this_cpu
+from baton.engine.native import build
+from baton.engine.native import quant as native_quant
+from baton.engine.quant.activations import product_reference, quantize_rows
+from baton.engine.quant.formats import FORMATS, dequantize
+from baton.engine.quant.weight import QuantizedTensor, QuantizedWeight
+
+from .quant_data import random_rows
+
+# -march level -> (kernel it must compile to, CPU flags it needs to run)
+VARIANTS = {
+    "x86-64": ("scalar", ()),
+    "x86-64-v3": ("avx2", ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm")),
+    "x86-64-v4": ("avx512", ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "avx512f", "avx512bw",
+                             "avx512cd", "avx512dq", "avx512vl")),
+}
+
+
+def _variant(march: str):
+    if platform.machine() != "x86_64":
+        pytest.skip("the portable variants are x86 builds")
+    kernel, needs = VARIANTS[march]
+    missing = [flag for flag in needs if flag not in this_cpu().flags]
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(missing)} for -march={march}")
+    flags = [f"-march={march}" if flag == "-march=native" else flag for flag in build.FLAGS]
+    lib = build.open_library(build.build_library(build.cache_dir(), flags))
+    assert native_quant.kernel_name(lib) == kernel
+    return lib
+
+
+@pytest.fixture(scope="module", params=["native", *VARIANTS])
+def lib(request):
+    if request.param == "native":
+        lib = build.load()
+        if lib is None:
+            pytest.skip(f"native library unavailable: {build.failure()}")
+        return lib
+    return _variant(request.param)
+
+
+def _weight(lib, parts):
+    w = QuantizedWeight([QuantizedTensor(FORMATS[name], raw, raw.shape[1] // FORMATS[name].block_bytes * 32)
+                         for name, raw in parts])
+    w.use_native(lib)
+    return w
+
+
+def _close(got: np.ndarray, expected: np.ndarray) -> None:
+    # only the float scaling rounds: a few float32 ulps of the largest terms per block
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_product_matches_the_reference(lib, name, rows):
+    raw = random_rows(FORMATS[name], 37, 96, seed=rows)  # 37: a partial last group of 16
+    x = np.random.default_rng(rows).standard_normal((rows, 96)).astype(np.float32)
+    w = _weight(lib, [(name, raw)])
+    got = native_quant.product(lib, w.native_matrix, torch.from_numpy(x), 37).numpy()
+    _close(got, product_reference(FORMATS[name], raw, x))
+
+
+def test_a_matrix_of_parts_in_three_formats(lib):
+    parts = [("Q4_0", random_rows(FORMATS["Q4_0"], 20, 64, 1)), ("Q8_0", random_rows(FORMATS["Q8_0"], 7, 64, 2)),
+             ("Q4_1", random_rows(FORMATS["Q4_1"], 33, 64, 3))]
+    x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
+    w = _weight(lib, parts)
+    assert w.shape == (60, 64) and len(w.formats) == 3
+    got = native_quant.product(lib, w.native_matrix, torch.from_numpy(x), 60).numpy()
+    expected = np.concatenate([product_reference(FORMATS[n], raw, x) for n, raw in parts], axis=1)
+    _close(got, expected)
+    dense = np.concatenate([dequantize(FORMATS[n], raw) for n, raw in parts])
+    np.testing.assert_array_equal(w.dequantize(18, 30).numpy(), dense[18:48])  # across part boundaries
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_dequantized_rows_are_ggmls_bit_for_bit(lib, name):
+    raw = random_rows(FORMATS[name], 21, 64, seed=9)
+    w = _weight(lib, [(name, raw)])
+    np.testing.assert_array_equal(w.dequantize(0, 21).numpy(), dequantize(FORMATS[name], raw))
+    ids = torch.tensor([[20, 3], [3, 0]])
+    np.testing.assert_array_equal(w.embedding(ids, torch.float32).numpy(), dequantize(FORMATS[name], raw)[ids.numpy()])
+
+
+def test_input_rows_quantize_as_the_reference(lib):
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32) * 3
+    x[1, 32:] = 0.0
+    q, d, sums = native_quant.quantize_input(lib, torch.from_numpy(x))
+    expected = quantize_rows(x)
+    np.testing.assert_array_equal(q.numpy(), expected.q)
+    np.testing.assert_array_equal(d.numpy(), expected.d)
+    np.testing.assert_array_equal(sums.numpy(), expected.sums)
+
+
+def test_a_rows_result_does_not_depend_on_its_batch(lib):
+    raw = random_rows(FORMATS["Q4_1"], 48, 160, seed=6)
+    x = torch.from_numpy(np.random.default_rng(6).standard_normal((7, 160)).astype(np.float32))
+    w = _weight(lib, [("Q4_1", raw)])
+    together = native_quant.product(lib, w.native_matrix, x, 48)
+    for row in range(7):
+        alone = native_quant.product(lib, w.native_matrix, x[row : row + 1], 48)
+        assert torch.equal(alone[0], together[row])

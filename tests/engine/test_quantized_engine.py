@@ -1,0 +1,152 @@
+"""The engine on a GGUF checkpoint's quantized blocks (`quantization="auto"`): what it holds,
+how close it stays to the float32 path, and the flags that choose it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from baton.engine import SamplingParams
+from baton.engine.loader import bundled_model_path
+from baton.engine.quant.formats import UnsupportedQuantization
+from baton.engine.quant.weight import QuantizedWeight
+from baton.engine.scoring import prompt_logits
+
+from .conftest import PROMPTS, make_engine
+from .gguf_rewrite import rewrite_gguf
+from .test_native_decode import _compare_each_decode_step
+
+# held out: no prompt of the tests or benchmarks, and prose rather than code
+HELD_OUT = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. From the lantern "
+    "room he could see the whole bay: the fishing boats returning with their nets, the gulls "
+    "circling the harbour wall, and far to the west the dark line of the islands. He had kept "
+    "the light for thirty years, and in all that time no ship had run aground on the rocks "
+    "below. Some nights the fog rolled in so thick that the beam seemed to stop a few yards "
+    "from the glass, and then he would sound the horn until morning. His daughter, who lived "
+    "in the town, wrote to him every week and asked when he would finally retire."
+)
+
+
+@pytest.fixture(scope="module")
+def quantized():
+    return make_engine(quantization="auto")
+
+
+@pytest.fixture(scope="module")
+def full_precision():
+    return make_engine(quantization="none")
+
+
+def test_auto_serves_the_checkpoints_blocks_with_no_full_precision_matrix(quantized):
+    model = quantized.runner.model
+    for layer in model.layers:
+        for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+            assert isinstance(w, QuantizedWeight) and w.describe() == "Q4_1"  # what the file holds
+    assert isinstance(model.embed, QuantizedWeight) and model.embed.describe() == "Q8_0"
+    assert model.lm_head is model.embed  # tied, one copy
+    assert not [name for name, p in model.named_parameters() if p.dim() > 1]
+    held = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
+    cos_sin = model.cos_sin.nbytes
+    assert held - cos_sin <= bundled_model_path().stat().st_size  # no larger than the file
+    assert quantized.runner.native is not None and quantized.runner.native.quantized
+
+
+def test_agreement_with_the_float32_path_on_held_out_text(quantized, full_precision):
+    ids = full_precision.tokenizer.encode(HELD_OUT)
+    assert len(ids) > 100
+    reference, got = prompt_logits(full_precision, ids), prompt_logits(quantized, ids)
+    agree = (reference.argmax(-1) == got.argmax(-1)).float().mean().item()
+    kl = F.kl_div(F.log_softmax(got, -1), F.log_softmax(reference, -1), log_target=True,
+                  reduction="batchmean").item()
+    assert agree >= 0.97 and kl < 1e-3, (agree, kl)
+
+
+def test_the_native_step_matches_the_torch_path_on_quantized_weights(quantized):
+    records = _compare_each_decode_step(quantized, PROMPTS[:4], 12)
+    assert len(records) >= 11
+    # the products are the same code on both paths; their inputs differ in the last bits (as
+    # in float32, test_native_decode), which can move an input's int16 rounding by one step
+    for native_logits, torch_logits, native_kv, torch_kv in records:
+        assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
+        torch.testing.assert_close(native_logits, torch_logits, atol=1e-2, rtol=1e-3)
+        torch.testing.assert_close(native_kv, torch_kv, atol=1e-3, rtol=1e-3)
+
+
+def test_bf16_runs_the_quantized_products_natively_and_says_so(quantized, caplog):
+    with caplog.at_level(logging.INFO, logger="baton.engine.quant.placement"):
+        engine = make_engine(quantization="auto", dtype="bfloat16", num_kv_blocks=64)
+    line = next(r.getMessage() for r in caplog.records if r.name == "baton.engine.quant.placement")
+    assert "120 x Q4_1, 1 x Q8_0" in line and "kernels" in line
+    assert engine.runner.native is not None and engine.runner.native.packed is None
+    ids = quantized.tokenizer.encode(HELD_OUT)[:64]
+    kl = F.kl_div(F.log_softmax(prompt_logits(engine, ids), -1), F.log_softmax(prompt_logits(quantized, ids), -1),
+                  log_target=True, reduction="batchmean").item()
+    assert kl < 0.05, kl  # bf16 activations: close to float32, not equal
+    out = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert all(len(o.token_ids) == 6 for o in out)
+
+
+def test_q4_0_and_q8_0_parts_in_one_matrix(tmp_path):
+    # the bundled model's first 3 layers, some matrices converted (Q/K rows permuted, in Q4_0)
+    path = rewrite_gguf(tmp_path / "mixed.gguf", {
+        "blk.0.attn_q.weight": "Q4_0", "blk.0.attn_k.weight": "Q8_0",  # V stays Q4_1
+        "blk.1.ffn_down.weight": "Q4_0", "blk.2.ffn_up.weight": "Q8_0"}, layers=3)
+    quantized = make_engine(model=str(path), quantization="auto", num_kv_blocks=64)
+    model = quantized.runner.model
+    assert model.layers[0].qkv.describe() == "Q4_0+Q8_0+Q4_1"
+    assert model.layers[1].down.describe() == "Q4_0" and model.layers[2].gate_up.describe() == "Q4_1+Q8_0"
+    reference = make_engine(model=str(path), quantization="none", num_kv_blocks=64)
+    ids = reference.tokenizer.encode(HELD_OUT)
+    expected, got = prompt_logits(reference, ids), prompt_logits(quantized, ids)
+    assert (expected.argmax(-1) == got.argmax(-1)).float().mean() >= 0.97
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0.01)
+    both = [e.generate(PROMPTS[:2], SamplingParams(max_tokens=4, ignore_eos=True)) for e in (quantized, reference)]
+    assert all(len(o.token_ids) == 4 for outs in both for o in outs)
+
+
+def test_an_unsupported_format_is_a_clear_error(tmp_path):
+    path = rewrite_gguf(tmp_path / "q5.gguf", {"blk.0.ffn_gate.weight": "Q5_0"}, layers=1)
+    with pytest.raises(UnsupportedQuantization, match=r"Q5_0 \(tensor blk\.0\.ffn_gate\.weight\)"):
+        make_engine(model=str(path), quantization="auto", num_kv_blocks=16)
+
+
+def test_a_bad_setting_is_refused():
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        make_engine(quantization="int4")
+
+
+def test_worker_and_up_flags_reach_the_engine():
+    from baton.local.up import add_arguments as up_arguments
+    from baton.local.up import spec_from_args
+    from baton.server.main import add_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from_args(parser.parse_args([])).engine_settings()["quantization"] == "auto"
+    settings = settings_from_args(parser.parse_args(["--quantization", "none", "--insecure-no-token"]))
+    assert settings.engine_settings()["quantization"] == "none"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--quantization", "q4"])
+    up = argparse.ArgumentParser()
+    up_arguments(up)
+    assert "--quantization=none" in spec_from_args(up.parse_args(["--quantization", "none"])).worker_args
+    assert not any("quantization" in a for a in spec_from_args(up.parse_args([])).worker_args)
+
+
+def test_without_the_native_library_tiles_are_dequantized_with_torch(monkeypatch, caplog, full_precision):
+    from baton.engine.native import build
+
+    monkeypatch.setattr(build, "load", lambda: None)
+    monkeypatch.setattr(build, "failure", lambda: "no C compiler (cc or gcc) on PATH")
+    with caplog.at_level(logging.INFO, logger="baton.engine.quant.placement"):
+        engine = make_engine(quantization="auto", num_kv_blocks=64)
+    assert "tiles dequantized with torch" in caplog.text and "no C compiler" in caplog.text
+    assert engine.runner.native is None and engine.runner.model.layers[0].qkv.layout == "gguf"
+    ids = full_precision.tokenizer.encode(HELD_OUT)[:16]
+    # float32 inputs on the weights ggml would dequantize: the float32 path up to sum order
+    torch.testing.assert_close(prompt_logits(engine, ids), prompt_logits(full_precision, ids), atol=1e-3, rtol=1e-4)

@@ -1,0 +1,96 @@
+"""x @ W^T on a GGUF checkpoint's quantized rows (Q4_0, Q4_1, Q8_0), dequantizing each block
+inside the matmul: the GPU side of quant/weight.py, on the blocks exactly as the file
+stores them (quant/formats.py). No full-precision copy of W exists at any time."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from baton.engine.quant.formats import BLOCK
+
+
+@triton.jit
+def _half(ptr, mask):
+    """The float16 at two little-endian bytes, as float32."""
+    lo = tl.load(ptr, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _weights(d, m, u, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
+    """Dequantized as ggml does: d * u + m (Q4_1), else d * (u - offset) (exact)."""
+    if HAS_MIN:
+        return d * u + m
+    return d * (u - OFFSET)
+
+
+@triton.jit
+def _accumulate(acc, x_rows, cols, mask_m, w, DOT_FP32: tl.constexpr):
+    x = tl.load(x_rows + cols[None, :], mask=mask_m[:, None], other=0.0)
+    if DOT_FP32:
+        return acc + tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(w.to(x.dtype)))
+
+
+@triton.jit
+def _quant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, sxm, som,
+                         BLOCK_BYTES: tl.constexpr, HEADER: tl.constexpr, NIBBLES: tl.constexpr,
+                         HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m, mask_n = rm < M, rn < N
+    rows = w_ptr + rn.to(tl.int64) * ((K // 32) * BLOCK_BYTES)
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * sxm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for b in range(0, K // 32):
+        block = rows + b * BLOCK_BYTES
+        d = _half(block, mask_n)[:, None]
+        m = d
+        if HAS_MIN:
+            m = _half(block + 2, mask_n)[:, None]
+        if NIBBLES:  # byte j: value j in its low half, value j + 16 in its high half
+            cols = tl.arange(0, 16)
+            q = tl.load(block[:, None] + HEADER + cols[None, :], mask=mask_n[:, None], other=0)
+            w_low = _weights(d, m, (q & 15).to(tl.float32), HAS_MIN, OFFSET)
+            acc = _accumulate(acc, x_rows, b * 32 + cols, mask_m, w_low, DOT_FP32)
+            w_high = _weights(d, m, (q >> 4).to(tl.float32), HAS_MIN, OFFSET)
+            acc = _accumulate(acc, x_rows, b * 32 + 16 + cols, mask_m, w_high, DOT_FP32)
+        else:  # signed bytes: u = q + 128 with OFFSET 128 is d * q
+            cols = tl.arange(0, 32)
+            q = tl.load(block[:, None] + HEADER + cols[None, :], mask=mask_n[:, None], other=0)
+            u = q.to(tl.int8, bitcast=True).to(tl.float32) + 128.0
+            acc = _accumulate(acc, x_rows, b * 32 + cols, mask_m, _weights(d, m, u, HAS_MIN, OFFSET), DOT_FP32)
+    out = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
+    tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
+
+
+def quant_matmul(x: torch.Tensor, weight) -> torch.Tensor:
+    """float32 x [M, K] @ W^T for a quant.weight.QuantizedWeight in the GGUF layout, on x's
+    device; the products accumulate in float32 (bf16/fp16 inputs meet bf16/fp16 weights)."""
+    if weight.layout != "gguf":
+        raise ValueError("the Triton kernel reads GGUF rows; this matrix was rearranged for the CPU")
+    if weight.k % BLOCK:
+        raise ValueError(f"a quantized row holds whole blocks of {BLOCK} values, not {weight.k}")
+    x2 = x.reshape(-1, weight.k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m_rows = x2.shape[0]
+    out = torch.empty(m_rows, weight.shape[0], dtype=torch.float32, device=x.device)
+    dot_fp32 = x.dtype == torch.float32 or x.device.type != "cuda"  # the interpreter: fp32 dots
+    block_m = 16 if m_rows <= 16 else 32
+    start = 0
+    for fmt, rows, data in zip(weight.formats, weight.part_rows, weight.parts):
+        view = out[:, start : start + rows]
+        if m_rows and rows:
+            grid = (triton.cdiv(m_rows, block_m), triton.cdiv(rows, 64))
+            _quant_matmul_kernel[grid](
+                x2, data, view, m_rows, rows, weight.k, x2.stride(0), out.stride(0),
+                BLOCK_BYTES=fmt.block_bytes, HEADER=fmt.header_bytes, NIBBLES=fmt.nibbles,
+                HAS_MIN=fmt.has_min, OFFSET=float(fmt.offset), BLOCK_M=block_m, BLOCK_N=64,
+                DOT_FP32=dot_fp32)
+        start += rows
+    return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,74 @@
+"""ctypes view of quantized matrices for the native library (quant_product.h)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from baton.engine.native import build
+
+
+class QuantPart(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("format", ctypes.c_int), ("rows", ctypes.c_int)]
+
+
+MAX_PARTS = 3  # QUANT_MAX_PARTS
+
+
+class QuantMatrix(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_int), ("count", ctypes.c_int), ("parts", QuantPart * MAX_PARTS)]
+
+
+def kernel_name(lib: ctypes.CDLL) -> str:
+    """Which integer dot products the library was compiled to use on this CPU."""
+    return lib.baton_quant_kernel().decode()
+
+
+def matrix(k: int, parts: list[tuple[torch.Tensor, int, int]]) -> QuantMatrix:
+    """A QuantMatrix over (interleaved data, ggml type id, rows) parts; the tensors must
+    outlive it."""
+    if not 1 <= len(parts) <= MAX_PARTS:
+        raise ValueError(f"a quantized matrix has 1 to {MAX_PARTS} parts, not {len(parts)}")
+    m = QuantMatrix(k=k, count=len(parts))
+    for i, (data, ggml_type, rows) in enumerate(parts):
+        m.parts[i] = QuantPart(data.data_ptr(), ggml_type, rows)
+    return m
+
+
+def product(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.Tensor:
+    """float32 x [rows, k] @ W^T -> float32 [rows, n], x quantized to int16 per block."""
+    x = x.to(torch.float32).contiguous()
+    rows = x.shape[0]
+    out = torch.empty(rows, n, dtype=torch.float32)
+    if rows:
+        scratch = torch.empty(lib.baton_quant_input_bytes(rows, m.k), dtype=torch.uint8)
+        lib.baton_quant_product(ctypes.byref(m), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(rows),
+                                ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(scratch.data_ptr()))
+    return out
+
+
+def dequantize(lib: ctypes.CDLL, m: QuantMatrix, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows first..first+count-1 of W in float32 [count, k] (into `out` if given)."""
+    if out is None:
+        out = torch.empty(count, m.k, dtype=torch.float32)
+    lib.baton_quant_dequantize(ctypes.byref(m), ctypes.c_int(first), ctypes.c_int(count),
+                               ctypes.c_void_p(out.data_ptr()))
+    return out
+
+
+def quantize_input(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q int16 [rows, k], d float32 [rows, nb], sums int32 [rows, nb]) as the kernels make
+    them (q back in the inputs' order: the kernels store each 4 as q0 q2 q1 q3)."""
+    x = x.to(torch.float32).contiguous()
+    rows, k = x.shape
+    q = torch.empty(rows, k, dtype=torch.int16)
+    d = torch.empty(rows, k // 32, dtype=torch.float32)
+    sums = torch.empty(rows, k // 32, dtype=torch.int32)
+    lib.baton_quant_quantize_input(*(ctypes.c_void_p(t.data_ptr()) for t in (x,)), ctypes.c_int(rows), ctypes.c_int(k),
+                                   *(ctypes.c_void_p(t.data_ptr()) for t in (q, d, sums)))
+    return q.reshape(rows, k // 4, 4)[..., [0, 2, 1, 3]].reshape(rows, k), d, sums
+
+
+def library() -> ctypes.CDLL | None:
+    return build.load()

@@ -1,0 +1,214 @@
+/* One group of 16 quantized weight rows (quant/interleave.py's layout) against up to
+ * QUANT_INPUT_ROWS int16 input rows: the integer dot products of every block, then each
+ * block's scales. Which instructions compute the integer sums is chosen when the library is
+ * compiled for this CPU (-march=native), from the best it has:
+ *
+ *   vnni512  AVX512-VNNI: VPDPWSSD, 32 s16 x s16 products summed into 16 int32 a step
+ *   avx512   AVX512BW:    VPMADDWD + VPADDD on 512-bit registers
+ *   avx2     AVX2 + FMA + F16C: the same on 256-bit registers, two per group
+ *   scalar   portable C
+ *
+ * Each 32-bit lane holds two weights of one row (its row's lane in the group), taken from
+ * the stored bytes with one shift and one mask, and meets a pair of inputs broadcast to
+ * every lane; quantize_input stores each 4 inputs as x0 x2 x1 x3 so that the pairs the
+ * lanes hold, (0, 2) and (1, 3), are adjacent. The integer sums are exact in each variant;
+ * only the float scaling rounds, the same way for any number of input rows, so a row's
+ * output does not depend on what it is batched with. Included by quant_product.h.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define QUANT_ROWS 16       /* weight rows in one group (quant/interleave.py ROWS) */
+#define QUANT_INPUT_ROWS 4  /* input rows sharing one pass over a group's weights */
+#define QUANT_BLOCK 32
+
+enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q8_0 = 8 }; /* ggml's type ids */
+
+typedef struct { /* a product's input rows in int16 (quant/activations.py) */
+    int16_t *q;    /* [rows, k], each 4 values stored as x0 x2 x1 x3 */
+    float *d;      /* [rows, k / 32]: scales */
+    int32_t *sums; /* [rows, k / 32]: quant sums */
+} QuantInput;
+
+typedef struct {
+    int nibbles, has_min, offset, block_bytes, header_bytes;
+} QuantFormat;
+
+static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* IEEE half -> float, exact (subnormals included), without F16C */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) bits = sign | 0x7F800000u | (mantissa << 13);
+    else if (exponent) bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else if (!mantissa) bits = sign;
+    else { /* subnormal: normalize */
+        int e = -1;
+        uint32_t mm = mantissa;
+        do { e++; mm <<= 1; } while (!(mm & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((mm & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* The (weights, input pair offset) of one block: for 4-bit quants, chunk c's 16-bit halves
+ * hold bytes 4c..4c+3 of each row; a byte's low nibble is value j, its high nibble j + 16.
+ * For 8-bit quants, chunk c holds values 4c..4c+3. `EXTRACT(v, shift, mask)` makes a
+ * register of 16-bit weights; DOT adds their products with the input pair at `offset`. */
+#define BLOCK_PRODUCTS(LOAD, EXTRACT, DOT)                                                     \
+    if (f->nibbles) {                                                                          \
+        for (int c = 0; c < 4; c++) {                                                          \
+            const VEC v = LOAD(qs + 64 * c);                                                   \
+            DOT(EXTRACT(v, 0, 0x000F), 4 * c);                                                 \
+            DOT(EXTRACT(v, 8, 0x000F), 4 * c + 2);                                             \
+            DOT(EXTRACT(v, 4, 0x000F), 16 + 4 * c);                                            \
+            DOT(EXTRACT(v, 12, 0x000F), 16 + 4 * c + 2);                                       \
+        }                                                                                      \
+    } else {                                                                                   \
+        for (int c = 0; c < 8; c++) {                                                          \
+            const VEC v = LOAD(qs + 64 * c);                                                   \
+            DOT(EXTRACT(v, 0, 0x00FF), 4 * c);                                                 \
+            DOT(EXTRACT(v, 8, 0x00FF), 4 * c + 2);                                             \
+        }                                                                                      \
+    }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__)
+#define QUANT_KERNEL "vnni512"
+#define DOT2(acc, w, x) _mm512_dpwssd_epi32(acc, w, x)
+#else
+#define QUANT_KERNEL "avx512"
+#define DOT2(acc, w, x) _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
+#endif
+#define VEC __m512i
+#define LOAD512(p) _mm512_loadu_si512(p)
+#define EXTRACT512(v, shift, mask) _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi16(mask))
+
+static inline __attribute__((always_inline)) void group_dot(
+    const uint8_t *g, const QuantFormat *f, int nb, const QuantInput *x, int k, int r0,
+    const int nr, float *out) {
+    __m512 acc[QUANT_INPUT_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+    const int nbk = k / QUANT_BLOCK, step = QUANT_ROWS * f->block_bytes;
+    for (int b = 0; b < nb; b++, g += step) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        const __m512 m = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
+                                    : _mm512_setzero_ps();
+        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes;
+        __m512i s[QUANT_INPUT_ROWS];
+        for (int r = 0; r < nr; r++) s[r] = _mm512_setzero_si512();
+        const int16_t *xq = x->q + (int64_t)r0 * k + b * QUANT_BLOCK;
+#define DOT_ROWS512(w, offset)                                                                 \
+    {                                                                                          \
+        const __m512i weights = (w);                                                           \
+        for (int r = 0; r < nr; r++)                                                           \
+            s[r] = DOT2(s[r], weights, _mm512_set1_epi32(load_i32(xq + (int64_t)r * k + (offset)))); \
+    }
+        BLOCK_PRODUCTS(LOAD512, EXTRACT512, DOT_ROWS512)
+#undef DOT_ROWS512
+        for (int r = 0; r < nr; r++) {
+            const int64_t at = (int64_t)(r0 + r) * nbk + b;
+            const int32_t sum = x->sums[at];
+            if (f->offset) s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(f->offset * sum));
+            const float dx = x->d[at];
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(s[r]), acc[r]);
+            if (f->has_min) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx * (float)sum), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(out + r * QUANT_ROWS, acc[r]);
+}
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QUANT_KERNEL "avx2"
+#define VEC __m256i
+#define EXTRACT256(v, shift, mask) _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi16(mask))
+
+/* The group as two halves of 8 rows, one 256-bit register each. */
+static inline __attribute__((always_inline)) void group_dot(
+    const uint8_t *g, const QuantFormat *f, int nb, const QuantInput *x, int k, int r0,
+    const int nr, float *out) {
+    __m256 acc[QUANT_INPUT_ROWS][2];
+    for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int nbk = k / QUANT_BLOCK, step = QUANT_ROWS * f->block_bytes;
+    for (int b = 0; b < nb; b++, g += step) {
+        const int16_t *xq = x->q + (int64_t)r0 * k + b * QUANT_BLOCK;
+        for (int half = 0; half < 2; half++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * half)));
+            const __m256 m = f->has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 32 + 16 * half)))
+                                        : _mm256_setzero_ps();
+            const uint8_t *qs = g + QUANT_ROWS * f->header_bytes + 32 * half;
+            __m256i s[QUANT_INPUT_ROWS];
+            for (int r = 0; r < nr; r++) s[r] = _mm256_setzero_si256();
+#define LOAD256(p) _mm256_loadu_si256((const __m256i *)(p))
+#define DOT_ROWS256(w, offset)                                                                 \
+    {                                                                                          \
+        const __m256i weights = (w);                                                           \
+        for (int r = 0; r < nr; r++)                                                           \
+            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(weights, _mm256_set1_epi32(        \
+                                              load_i32(xq + (int64_t)r * k + (offset)))));     \
+    }
+            BLOCK_PRODUCTS(LOAD256, EXTRACT256, DOT_ROWS256)
+#undef DOT_ROWS256
+            for (int r = 0; r < nr; r++) {
+                const int64_t at = (int64_t)(r0 + r) * nbk + b;
+                const int32_t sum = x->sums[at];
+                if (f->offset) s[r] = _mm256_sub_epi32(s[r], _mm256_set1_epi32(f->offset * sum));
+                const float dx = x->d[at];
+                acc[r][half] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(s[r]),
+                                               acc[r][half]);
+                if (f->has_min) acc[r][half] = _mm256_fmadd_ps(m, _mm256_set1_ps(dx * (float)sum), acc[r][half]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm256_storeu_ps(out + r * QUANT_ROWS, acc[r][0]);
+        _mm256_storeu_ps(out + r * QUANT_ROWS + 8, acc[r][1]);
+    }
+}
+
+#else
+#define QUANT_KERNEL "scalar"
+
+static void group_dot(const uint8_t *g, const QuantFormat *f, int nb, const QuantInput *x, int k,
+                      int r0, const int nr, float *out) {
+    const int nbk = k / QUANT_BLOCK, step = QUANT_ROWS * f->block_bytes;
+    for (int i = 0; i < nr * QUANT_ROWS; i++) out[i] = 0.0f;
+    for (int b = 0; b < nb; b++, g += step) {
+        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes;
+        for (int lane = 0; lane < QUANT_ROWS; lane++) {
+            uint16_t bits;
+            memcpy(&bits, g + 2 * lane, 2);
+            const float d = half_to_float(bits);
+            float m = 0.0f;
+            if (f->has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); m = half_to_float(bits); }
+            int32_t u[QUANT_BLOCK]; /* in the inputs' stored order (x0 x2 x1 x3) */
+            for (int c = 0; c < (f->nibbles ? 4 : 8); c++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t byte = qs[64 * c + 4 * lane + j];
+                    const int at = 4 * c + ((j & 1) << 1 | j >> 1);
+                    if (f->nibbles) { u[at] = byte & 0x0F; u[16 + at] = byte >> 4; }
+                    else u[at] = byte;
+                }
+            for (int r = 0; r < nr; r++) {
+                const int row = r0 + r;
+                const int16_t *xq = x->q + (int64_t)row * k + b * QUANT_BLOCK;
+                int32_t s = 0;
+                for (int j = 0; j < QUANT_BLOCK; j++) s += u[j] * xq[j];
+                const int32_t sum = x->sums[(int64_t)row * nbk + b];
+                s -= f->offset * sum;
+                const float dx = x->d[(int64_t)row * nbk + b];
+                float *o = out + r * QUANT_ROWS + lane;
+                *o += (d * dx) * (float)s;
+                if (f->has_min) *o += m * (dx * (float)sum);
+            }
+        }
+    }
+}
+#endif

@@ -1,0 +1,149 @@
+/* Products on quantized weights (quant/ in Python): x[rows, k] @ W^T where W's rows are a
+ * GGUF checkpoint's Q4_0, Q4_1 or Q8_0 blocks in the 16-row layout of quant/interleave.py.
+ * The input rows are quantized to int16 per block of 32, the integer sums
+ * come from quant_kernels.h, and no weight is ever dequantized into memory, except by
+ * baton_quant_dequantize (prefill's tiles, embedding rows). Included by decode_step.c.
+ */
+#include "quant_kernels.h"
+
+typedef struct {
+    const uint8_t *data; /* the layout of quant/interleave.py */
+    int format;          /* FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q8_0 */
+    int rows;
+} QuantPart;
+
+#define QUANT_MAX_PARTS 3
+
+typedef struct { /* one matrix: parts stacked on the output axis (Q, K, V of a fused QKV) */
+    int k, count;
+    QuantPart parts[QUANT_MAX_PARTS];
+} QuantMatrix;
+
+const char *baton_quant_kernel(void) { return QUANT_KERNEL; }
+
+static QuantFormat quant_format(int format) {
+    switch (format) {
+        case FORMAT_Q4_0: return (QuantFormat){1, 0, 8, 18, 2};
+        case FORMAT_Q4_1: return (QuantFormat){1, 1, 0, 20, 4};
+        default: return (QuantFormat){0, 0, 128, 34, 2}; /* FORMAT_Q8_0 */
+    }
+}
+
+/* Bytes of scratch a QuantInput of `rows` rows of `k` values needs. */
+int64_t baton_quant_input_bytes(int rows, int k) {
+    return (int64_t)rows * k * 2 + (int64_t)rows * (k / QUANT_BLOCK) * 8 + 64;
+}
+
+static QuantInput quant_input_at(void *scratch, int rows, int k) {
+    QuantInput in;
+    const int64_t blocks = (int64_t)rows * (k / QUANT_BLOCK);
+    in.d = (float *)scratch;
+    in.sums = (int32_t *)(in.d + blocks);
+    in.q = (int16_t *)(in.sums + blocks);
+    return in;
+}
+
+/* Each block of 32 values: d = max|x| / 32767, q = round-half-even(x / d) (as
+ * quant/activations.py), each 4 stored as q0 q2 q1 q3 (quant_kernels.h). */
+static void quantize_input(const float *x, int rows, int k, const QuantInput *in) {
+    const int nb = k / QUANT_BLOCK;
+    for (int64_t blk = 0; blk < (int64_t)rows * nb; blk++) {
+        const float *v = x + blk * QUANT_BLOCK;
+        float amax = 0.0f;
+        for (int j = 0; j < QUANT_BLOCK; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        const float d = amax / 32767.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        int16_t *q = in->q + blk * QUANT_BLOCK;
+        for (int j = 0; j < QUANT_BLOCK; j++) {
+            float r = rintf(v[j] * inverse);
+            r = r > 32767.0f ? 32767.0f : (r < -32767.0f ? -32767.0f : r);
+            q[(j & ~3) | (j & 1) << 1 | (j >> 1 & 1)] = (int16_t)r;
+            sum += (int32_t)r;
+        }
+        in->d[blk] = d;
+        in->sums[blk] = sum;
+    }
+}
+
+/* out[rows, n] = the quantized input rows @ W^T (n: all parts' rows). Threads take groups. */
+static void quant_product(const QuantMatrix *w, const QuantInput *x, int rows, float *out) {
+    int first_group[QUANT_MAX_PARTS + 1], first_row[QUANT_MAX_PARTS + 1];
+    first_group[0] = first_row[0] = 0;
+    for (int p = 0; p < w->count; p++) {
+        first_group[p + 1] = first_group[p] + (w->parts[p].rows + QUANT_ROWS - 1) / QUANT_ROWS;
+        first_row[p + 1] = first_row[p] + w->parts[p].rows;
+    }
+    const int n = first_row[w->count], nb = w->k / QUANT_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int gi = 0; gi < first_group[w->count]; gi++) {
+        int p = 0;
+        while (gi >= first_group[p + 1]) p++;
+        const QuantPart *part = &w->parts[p];
+        const QuantFormat f = quant_format(part->format);
+        const int g = gi - first_group[p];
+        const uint8_t *group = part->data + (int64_t)g * nb * QUANT_ROWS * f.block_bytes;
+        const int valid = part->rows - g * QUANT_ROWS < QUANT_ROWS ? part->rows - g * QUANT_ROWS : QUANT_ROWS;
+        float sums[QUANT_INPUT_ROWS * QUANT_ROWS];
+        for (int r0 = 0; r0 < rows; r0 += QUANT_INPUT_ROWS) {
+            const int nr = rows - r0 < QUANT_INPUT_ROWS ? rows - r0 : QUANT_INPUT_ROWS;
+            switch (nr) { /* constant row counts keep the accumulators in registers */
+                case 1: group_dot(group, &f, nb, x, w->k, r0, 1, sums); break;
+                case 2: group_dot(group, &f, nb, x, w->k, r0, 2, sums); break;
+                case 3: group_dot(group, &f, nb, x, w->k, r0, 3, sums); break;
+                default: group_dot(group, &f, nb, x, w->k, r0, QUANT_INPUT_ROWS, sums); break;
+            }
+            for (int r = 0; r < nr; r++)
+                memcpy(out + (int64_t)(r0 + r) * n + first_row[p] + g * QUANT_ROWS, sums + r * QUANT_ROWS,
+                       sizeof(float) * valid);
+        }
+    }
+}
+
+/* For ctypes (the torch path, tests): quantize x, then the product. scratch:
+ * baton_quant_input_bytes(rows, w->k) bytes. */
+void baton_quant_product(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch) {
+    const QuantInput in = quant_input_at(scratch, rows, w->k);
+    quantize_input(x, rows, w->k, &in);
+    quant_product(w, &in, rows, out);
+}
+
+/* The int16 form of x (in its stored order), for tests against quant/activations.py. */
+void baton_quant_quantize_input(const float *x, int rows, int k, int16_t *q, float *d, int32_t *sums) {
+    const QuantInput in = {q, d, sums};
+    quantize_input(x, rows, k, &in);
+}
+
+/* out[count, k] = rows first..first+count-1 of W in float32, rounded as ggml dequantizes
+ * (d * q + m for Q4_1; d * (q - offset), exact, otherwise). */
+void baton_quant_dequantize(const QuantMatrix *w, int first, int count, float *out) {
+    const int nb = w->k / QUANT_BLOCK;
+#pragma omp parallel for schedule(static) if (count > 1)
+    for (int i = 0; i < count; i++) {
+        int row = first + i, p = 0;
+        while (row >= w->parts[p].rows) row -= w->parts[p++].rows;
+        const QuantFormat f = quant_format(w->parts[p].format);
+        const int lane = row % QUANT_ROWS;
+        const uint8_t *g = w->parts[p].data + (int64_t)(row / QUANT_ROWS) * nb * QUANT_ROWS * f.block_bytes;
+        float *o = out + (int64_t)i * w->k;
+        for (int b = 0; b < nb; b++, g += QUANT_ROWS * f.block_bytes, o += QUANT_BLOCK) {
+            uint16_t bits;
+            memcpy(&bits, g + 2 * lane, 2);
+            const float d = half_to_float(bits);
+            float m = 0.0f;
+            if (f.has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); m = half_to_float(bits); }
+            const uint8_t *qs = g + QUANT_ROWS * f.header_bytes + 4 * lane;
+            for (int c = 0; c < (f.nibbles ? 4 : 8); c++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t byte = qs[64 * c + j];
+                    if (!f.nibbles) o[4 * c + j] = d * (float)((int)byte - 128);
+                    else if (f.has_min) {
+                        o[4 * c + j] = d * (float)(byte & 0x0F) + m;
+                        o[16 + 4 * c + j] = d * (float)(byte >> 4) + m;
+                    } else {
+                        o[4 * c + j] = d * (float)((byte & 0x0F) - 8);
+                        o[16 + 4 * c + j] = d * (float)((byte >> 4) - 8);
+                    }
+                }
+        }
+    }
+}

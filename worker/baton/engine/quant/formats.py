@@ -1,0 +1,94 @@
+"""GGUF block formats that Baton multiplies without dequantizing the matrix (pure numpy).
+
+Every format cuts a row into blocks of 32 values and stores each block as a float16 scale
+(and, for Q4_1, a float16 minimum) followed by its quants (ggml's ggml-common.h):
+
+    Q4_0  d, 16 bytes of nibbles        value = d * (q - 8),  q in 0..15
+    Q4_1  d, m, 16 bytes of nibbles     value = d * q + m,    q in 0..15
+    Q8_0  d, 32 signed bytes            value = d * q,        q in -128..127
+
+A nibble byte i holds value i in its low half and value i + 16 in its high half. Every
+format is then `d * u + m` for an unsigned u, the form the kernels compute on: Q4_0 has
+m = -8 d, and Q8_0 stores u = q + 128 (the sign bit flipped) with m = -128 d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BLOCK = 32  # values per block, in every format here
+
+
+class UnsupportedQuantization(ValueError):
+    """A tensor's quantization has no kernel here."""
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    name: str
+    ggml_type: int  # ggml's type id (GGMLQuantizationType)
+    block_bytes: int
+    nibbles: bool  # 4-bit quants (two a byte) rather than 8-bit
+    has_min: bool  # a stored float16 minimum (Q4_1)
+    offset: int  # m = -offset * d where no minimum is stored
+
+    @property
+    def header_bytes(self) -> int:
+        return 4 if self.has_min else 2
+
+
+FORMATS = {f.name: f for f in (
+    BlockFormat("Q4_0", 2, 18, nibbles=True, has_min=False, offset=8),
+    BlockFormat("Q4_1", 3, 20, nibbles=True, has_min=True, offset=0),
+    BlockFormat("Q8_0", 8, 34, nibbles=False, has_min=False, offset=128),
+)}
+BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
+
+
+def format_named(name: str, tensor: str = "") -> BlockFormat:
+    """The format called `name` (ggml's spelling), or a clear error naming it."""
+    fmt = FORMATS.get(name.upper())
+    if fmt is None:
+        where = f" (tensor {tensor})" if tensor else ""
+        raise UnsupportedQuantization(
+            f"quantization type {name}{where} has no quantized kernel here (supported: "
+            f"{', '.join(FORMATS)}); load the checkpoint with --quantization none to run it "
+            "at full precision")
+    return fmt
+
+
+def row_bytes(fmt: BlockFormat, k: int) -> int:
+    if k % BLOCK:
+        raise ValueError(f"a {fmt.name} row holds whole blocks of {BLOCK} values, not {k}")
+    return k // BLOCK * fmt.block_bytes
+
+
+def split_blocks(fmt: BlockFormat, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """raw uint8 [rows, nb * block_bytes] -> (d float32 [rows, nb], m float32 [rows, nb],
+    u uint8 [rows, nb, 32]): value j of block b is d[b] * u[b, j] + m[b]."""
+    rows = raw.shape[0]
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1, fmt.block_bytes)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if fmt.has_min:
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    else:
+        m = np.float32(-fmt.offset) * d
+    quants = blocks[..., fmt.header_bytes:]
+    if fmt.nibbles:
+        u = np.concatenate([quants & 0x0F, quants >> 4], axis=-1)
+    else:
+        u = quants ^ np.uint8(0x80)  # q + 128 as an unsigned byte
+    return d, m, u
+
+
+def dequantize(fmt: BlockFormat, raw: np.ndarray) -> np.ndarray:
+    """raw uint8 [rows, row_bytes] -> float32 [rows, k], rounded as ggml rounds: Q4_1 as
+    d * q + m (two float32 roundings), the others as d * (q - offset) (exact)."""
+    d, m, u = split_blocks(fmt, raw)
+    if fmt.has_min:
+        values = d[..., None] * u.astype(np.float32) + m[..., None]
+    else:
+        values = d[..., None] * (u.astype(np.int32) - fmt.offset).astype(np.float32)
+    return values.reshape(raw.shape[0], -1)

@@ -1,0 +1,171 @@
+"""A matrix held as a checkpoint's quantized blocks, and its products.
+
+`QuantizedWeight` replaces a model's full-precision matrix. Its rows are one to three parts
+(Q, K and V of a fused QKV may come in different formats), each a GGUF format's blocks as
+the file stores them. How a product runs depends on where it runs:
+
+- CPU with the native library: the blocks are rearranged once into the 16-row layout
+  (quant/interleave.py) and every product, decode or prefill, runs on the int16 kernels
+  (native/quant_*.h). One kernel for every row count keeps a row's result independent of
+  what it is batched with; on AVX512-VNNI it also ran a 512-row product 2x faster than
+  dequantizing 512-row tiles for MKL's sgemm.
+- CUDA: a Triton kernel dequantizes inside the matmul (kernels/triton/quant_matmul.py).
+- CPU without the native library: TILE_ROWS weight rows at a time dequantized with torch
+  ops into a scratch tile, multiplied in the model's dtype.
+
+No path keeps a full-precision copy of the matrix.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from baton.engine.quant.formats import BlockFormat
+from baton.engine.quant.interleave import interleave
+from baton.engine.quant.torch_blocks import dequantize_rows
+
+log = logging.getLogger(__name__)
+TILE_ROWS = 512  # weight rows dequantized at a time without the native library
+
+
+@dataclass
+class QuantizedTensor:
+    """A loader's quantized 2-D tensor: GGUF rows, unchanged."""
+
+    fmt: BlockFormat
+    raw: np.ndarray  # uint8 [rows, row_bytes]
+    k: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.raw.shape[0], self.k)
+
+
+class QuantizedWeight(nn.Module):
+    def __init__(self, parts: list[QuantizedTensor]):
+        super().__init__()
+        merged: list[QuantizedTensor] = []
+        for part in parts:  # neighbours in one format become one part
+            if merged and merged[-1].fmt == part.fmt:
+                merged[-1] = QuantizedTensor(part.fmt, np.concatenate([merged[-1].raw, part.raw]), part.k)
+            else:
+                merged.append(part)
+        if len({p.k for p in merged}) != 1:
+            raise ValueError("the parts of a quantized matrix differ in width")
+        self.k = merged[0].k
+        self.formats = [p.fmt for p in merged]
+        self.part_rows = [p.raw.shape[0] for p in merged]
+        self.layout = "gguf"
+        for i, part in enumerate(merged):
+            self.register_buffer(f"part{i}", torch.from_numpy(np.array(part.raw, dtype=np.uint8, order="C")), persistent=False)
+        self._lib = None
+        self._matrix = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(self.part_rows), self.k)
+
+    @property
+    def parts(self) -> list[torch.Tensor]:
+        return [getattr(self, f"part{i}") for i in range(len(self.formats))]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def device(self) -> torch.device:
+        return self.part0.device
+
+    def data_ptr(self) -> int:
+        return self.part0.data_ptr()
+
+    def describe(self) -> str:
+        return "+".join(f.name for f in self.formats)
+
+    # -- CPU layout ------------------------------------------------------------------------
+    def use_native(self, lib) -> None:
+        """Rearrange the blocks for the native kernels (once; the GGUF rows are dropped)."""
+        from baton.engine.native import quant as native_quant
+
+        if self.layout == "gguf":
+            for i, fmt in enumerate(self.formats):
+                data = interleave(fmt, self.parts[i].numpy())
+                setattr(self, f"part{i}", torch.from_numpy(data))
+            self.layout = "rows16"
+        self._lib = lib
+        self._matrix = native_quant.matrix(
+            self.k, [(t, f.ggml_type, r) for t, f, r in zip(self.parts, self.formats, self.part_rows)])
+
+    @property
+    def native_matrix(self):
+        """The ctypes QuantMatrix of the interleaved blocks (None before `use_native`)."""
+        return self._matrix
+
+    # -- products ----------------------------------------------------------------------------
+    def dequantize(self, first: int, count: int) -> torch.Tensor:
+        """Rows first..first+count-1 in float32 (a tile, never the whole of a large matrix)."""
+        if not (0 <= first and first + count <= self.shape[0]):
+            raise IndexError(f"rows {first}..{first + count} outside a matrix of {self.shape[0]}")
+        if self.layout == "rows16":
+            from baton.engine.native import quant as native_quant
+
+            return native_quant.dequantize(self._lib, self._matrix, first, count)
+        tiles, start = [], 0
+        for fmt, rows, data in zip(self.formats, self.part_rows, self.parts):
+            lo, hi = max(first, start), min(first + count, start + rows)
+            if lo < hi:
+                tiles.append(dequantize_rows(fmt, data[lo - start : hi - start]))
+            start += rows
+        return torch.cat(tiles) if len(tiles) > 1 else tiles[0]
+
+    def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The rows `ids` (a lookup table's), in `dtype`."""
+        if self.layout == "gguf" and len(self.formats) == 1:  # one gather on any device
+            rows = dequantize_rows(self.formats[0], self.part0[ids.reshape(-1).to(self.device)])
+            return rows.to(dtype).reshape(*ids.shape, self.k)
+        flat = ids.reshape(-1).tolist()
+        out = torch.empty(len(flat), self.k, dtype=torch.float32, device=self.device)
+        for i, row in enumerate(flat):
+            out[i] = self.dequantize(row, 1)[0]
+        return out.to(dtype).reshape(*ids.shape, self.k)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W^T (+ bias), in x's dtype: float32 sums, the bias added before the one
+        rounding to x's dtype (as the native decode step does)."""
+        if x.device.type == "cuda":
+            from baton.engine.kernels.triton.quant_matmul import quant_matmul
+
+            out = quant_matmul(x, self)
+        elif self._matrix is not None:
+            from baton.engine.native import quant as native_quant
+
+            out = native_quant.product(self._lib, self._matrix, x, self.shape[0])
+        else:
+            out = self._tiled_linear(x.float())
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(x.dtype)
+
+    def _tiled_linear(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.shape[0]
+        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        for first in range(0, n, TILE_ROWS):
+            count = min(TILE_ROWS, n - first)
+            out[:, first : first + count] = x @ self.dequantize(first, count).to(x.dtype).t()
+        return out
+
+
+def describe_model(model) -> dict[str, int]:
+    """{format names: matrices} over a model's quantized matrices."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, QuantizedWeight):
+            counts[module.describe()] = counts.get(module.describe(), 0) + 1
+    return counts
+
