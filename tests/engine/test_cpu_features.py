@@ -65,6 +65,10 @@ def test_engine_config_takes_the_cpus_choice_and_says_why():
     assert EngineConfig(dtype="float32").dtype_choice(torch.device("cpu")) == (torch.float32, "asked for")
     assert EngineConfig(dtype="bfloat16").torch_dtype(torch.device("cpu")) == torch.bfloat16
     assert EngineConfig().dtype_choice(torch.device("cuda"))[0] == torch.bfloat16
+    # quantized weights: the CPU's integer products take float32 inputs, whatever the CPU
+    assert EngineConfig().dtype_choice(torch.device("cpu"), quantized=True)[0] == torch.float32
+    assert EngineConfig(dtype="bfloat16").dtype_choice(torch.device("cpu"), quantized=True)[0] == torch.bfloat16
+    assert EngineConfig().dtype_choice(torch.device("cuda"), quantized=True)[0] == torch.bfloat16
     with pytest.raises(ValueError, match="float16 is only supported on GPU"):
         EngineConfig(dtype="float16").torch_dtype(torch.device("cpu"))
 

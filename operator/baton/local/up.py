@@ -87,7 +87,8 @@ def cpu_line() -> str:
     from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
     dtype, why = auto_cpu_dtype(this_cpu())
-    return f"CPU: {this_cpu().describe()}; --dtype auto runs {dtype} here ({why})"
+    return (f"CPU: {this_cpu().describe()}; --dtype auto runs {dtype} here ({why}), "
+            "float32 where the weights stay quantized")
 
 
 def run(args: argparse.Namespace) -> int:

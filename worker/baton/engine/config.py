@@ -115,11 +115,16 @@ class EngineConfig:
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         return self.dtype_choice(device)[0]
 
-    def dtype_choice(self, device: torch.device) -> tuple[torch.dtype, str]:
-        """The dtype to run in, and why (for the log)."""
+    def dtype_choice(self, device: torch.device, quantized: bool = False) -> tuple[torch.dtype, str]:
+        """The dtype to run in, and why (for the log). `quantized`: the weights are served as
+        quantized blocks, whose CPU products take float32 inputs."""
         if self.dtype == "auto":
             if device.type != "cpu":
                 return torch.bfloat16, f"auto on {device.type}"
+            if quantized:
+                # the integer products quantize float32 inputs: bf16 activations would only add
+                # conversions and rounding (measured slower, and further from the float32 path)
+                return torch.float32, "auto with quantized weights on CPU"
             name, why = auto_cpu_dtype(this_cpu())
             return DTYPES[name], f"auto on {this_cpu().describe()}: {why}"
         dtype = DTYPES[self.dtype]

@@ -38,9 +38,9 @@ class Engine:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         self.device = self.config.torch_device()
-        self.dtype, why = self.config.dtype_choice(self.device)
-        log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), why)
         source = load_source(model, keep_quantized=self.config.quantization == "auto")
+        self.dtype, why = self.config.dtype_choice(self.device, source.quantized)
+        log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), why)
         self.model_name = source.name
         self.model_config = source.config
         self.tokenizer = source.tokenizer

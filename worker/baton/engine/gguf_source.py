@@ -84,7 +84,8 @@ def load_gguf(path: Path, keep_quantized: bool = False):
         _check_formats(reader)  # before anything else is read: a bad file fails at once
     config = _gguf_config(reader, arch)
     tokenizer = _gguf_tokenizer(reader, config)
-    return ModelSource(config, tokenizer, _gguf_tensors(reader, config, keep_quantized), path.stem)
+    quantized = keep_quantized and any(_kept_quantized(t) for t in reader.tensors)
+    return ModelSource(config, tokenizer, _gguf_tensors(reader, config, keep_quantized), path.stem, quantized)
 
 
 def _gguf_config(reader, arch: str) -> ModelConfig:

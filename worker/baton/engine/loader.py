@@ -42,6 +42,7 @@ class ModelSource:
     tokenizer: Tokenizer
     tensors: Iterator[tuple[str, torch.Tensor]]  # HF names, any float dtype (or QuantizedTensor)
     name: str
+    quantized: bool = False  # some tensors come as QuantizedTensor blocks
 
 
 def load_source(model: str | os.PathLike | None, keep_quantized: bool = False) -> ModelSource:
