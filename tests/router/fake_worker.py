@@ -25,6 +25,7 @@ class FakeWorker:
         self.refuse_reserves = 0  # answer 409 this many times
         self.fail_prefills = 0  # answer 500 this many times
         self.die_after_tokens: int | None = None  # drop the connection after n streamed tokens
+        self.queue_timeouts = 0  # end this many streams with the queue_timeout error (pool full)
         self.calls: list[tuple[str, str]] = []  # (path, request_id)
         self.aborted: list[str] = []
         self.reserved: dict[str, dict] = {}
@@ -88,6 +89,12 @@ class FakeWorker:
     async def _stream(self, request, rid, prompt, params) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if self.queue_timeouts > 0:
+            self.queue_timeouts -= 1
+            error = {"message": f"no room to run {rid!r} within 1s", "type": "stream_error",
+                     "code": "queue_timeout"}
+            await response.write(f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode())
+            return response
         tokens = self.continuation(prompt, params)
         for i, token in enumerate(tokens):
             if self.die_after_tokens is not None and i >= self.die_after_tokens:

@@ -31,7 +31,7 @@ from baton.router.metrics import RouterMetrics
 from baton.router.protocol import ApiError, GenerationRequest, parse_body
 from baton.router.serving import Delta, text_deltas
 from baton.router.tokenizing import ModelInfo
-from baton.router.worker_client import WorkerRejected
+from baton.router.worker_client import WorkerBusy, WorkerRejected
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class CompletionService:
             self.admission.release(time.perf_counter() - started)
             await deltas.aclose()
             if isinstance(e, Exception):
-                return await _send_error(send, api_error(e))
+                return await self._send_failure(send, e)
             raise
         if req.stream:
             events = self._stream_events(req, kind, request_id, first, deltas, started)
@@ -140,7 +140,7 @@ class CompletionService:
             raise
         except Exception as e:
             watch.ended = True
-            return await _send_error(send, api_error(e))
+            return await self._send_failure(send, e)
         finally:
             watch.ended = True
             watch.done()
@@ -148,6 +148,13 @@ class CompletionService:
         await send_json(send, 200, responses.full_response(
             kind, request_id, req.model, text, last.finish_reason, len(req.prompt_ids), last.completion_tokens))
         return 200
+
+    async def _send_failure(self, send, e: Exception) -> int:
+        """The request failed before any byte of its answer went out: an error status, with
+        Retry-After when the client should come back (no room on the workers)."""
+        err = api_error(e)
+        headers = {"Retry-After": str(self.admission.retry_after())} if err.status == 429 else None
+        return await _send_error(send, err, headers)
 
     async def _parse(self, kind: str, raw: bytes) -> GenerationRequest:
         if len(raw) < OFF_LOOP_BYTES:
@@ -209,6 +216,8 @@ def api_error(e: Exception) -> ApiError:
         return e
     if isinstance(e, WorkerRejected):
         return ApiError(400 if e.status < 500 else 502, str(e))
+    if isinstance(e, WorkerBusy):  # the decode pool stayed full for the worker's queue deadline
+        return ApiError(429, f"{e}", "rate_limit_error", code="overloaded")
     if isinstance(e, NoCapacity):
         return ApiError(503, str(e), "server_error", code="no_capacity")
     if isinstance(e, UpstreamFailed | StopAsyncIteration):

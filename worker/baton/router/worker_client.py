@@ -11,8 +11,8 @@ from baton.router.http1 import Http1Pool, split_url
 from baton.router.sse import DONE, SseLines, parse_sse_line
 from baton.server.keepalive import CLIENT_IDLE_S
 
-__all__ = ["ACCEPTED", "DONE", "WorkerClient", "WorkerRefused", "WorkerRejected", "WorkerUnavailable",
-           "parse_sse_line"]
+__all__ = ["ACCEPTED", "DONE", "WorkerBusy", "WorkerClient", "WorkerRefused", "WorkerRejected",
+           "WorkerUnavailable", "parse_sse_line"]
 
 
 # The first event of every stream: the worker answered 200, so it took the request (the
@@ -26,6 +26,11 @@ class WorkerUnavailable(Exception):
 
 class WorkerRefused(Exception):
     """The worker declined (409: no KV room): try another worker."""
+
+
+class WorkerBusy(Exception):
+    """The worker queued the request until its queue deadline without room to run it: the
+    pool is full. Not a failed worker: the client is told to retry later (429)."""
 
 
 class WorkerRejected(Exception):
@@ -44,6 +49,14 @@ def _error_message(status: int, body: bytes) -> str:
         return str(error)
     except (ValueError, AttributeError):
         return body[:500].decode(errors="replace")
+
+
+def _raise_for_event(event: dict, what: str) -> None:
+    """An error event in a worker's stream ends the request."""
+    error = event["error"]
+    if isinstance(error, dict) and error.get("code") == "queue_timeout":
+        raise WorkerBusy(f"{what}: {error.get('message', 'the worker had no room')}")
+    raise WorkerUnavailable(f"{what}: the worker reported {error}")
 
 
 def _raise_for(status: int, body: bytes, what: str) -> None:
@@ -171,7 +184,7 @@ class WorkerClient:
                         finished = True
                         return
                     if "error" in event and "token_ids" not in event:
-                        raise WorkerUnavailable(f"{what}: the worker reported {event['error']}")
+                        _raise_for_event(event, what)
                     yield event
             raise WorkerUnavailable(f"{what}: the stream ended without [DONE]")
         except OSError as e:
@@ -195,7 +208,7 @@ class WorkerClient:
                     if event is None:
                         continue
                     if "error" in event and "token_ids" not in event:
-                        raise WorkerUnavailable(f"{what}: the worker reported {event['error']}")
+                        _raise_for_event(event, what)
                     yield event
             raise WorkerUnavailable(f"{what}: the stream ended without [DONE]")
         except (aiohttp.ClientError, TimeoutError) as e:

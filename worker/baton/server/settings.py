@@ -42,6 +42,10 @@ class WorkerSettings:
     cpu_cores: list[int] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)  # decode workers to migrate to on drain
     ticket_ttl_s: float = 30.0
+    # longest wait of a generate request in the engine's queue before it ever runs (the KV
+    # pool or the batch is full): then it ends with a queue_timeout error, which the router
+    # answers with 429 and Retry-After
+    queue_timeout_s: float = 60.0
     insecure_no_token: bool = False
 
     def validate(self) -> None:
@@ -51,6 +55,8 @@ class WorkerSettings:
             raise ValueError(f"--kv-transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
+        if not self.queue_timeout_s > 0:
+            raise ValueError(f"--queue-timeout must be positive, got {self.queue_timeout_s}")
         if self.insecure_no_token and not is_loopback(self.host):
             # without a token the HTTP API is open and the KV port takes a well-known token:
             # acceptable only where no other machine can reach either
