@@ -84,20 +84,3 @@ def test_max_num_seqs_caps_the_running_batch():
         sched.add(seq(4, f"s{i}"))
     batch = sched.schedule()
     assert len(batch.prefills) == 2 and len(sched.waiting) == 1
-
-
-def test_overdue_are_the_never_admitted_that_waited_too_long():
-    bm, sched = make(num_blocks=2, block_size=4, budget=16)
-    running, queued, late, preempted = seq(8, "running"), seq(8, "queued"), seq(4, "late"), seq(4, "preempted")
-    for s in (running, queued, late, preempted):
-        sched.add(s)
-    complete(sched.schedule())  # only "running" fits the 2-block pool
-    assert [s.request_id for s in sched.running] == ["running"]
-    queued.arrival_time, late.arrival_time = 100.0, 109.0
-    preempted.arrival_time, preempted.num_preemptions = 100.0, 1  # it ran before: not overdue
-    assert [s.request_id for s in sched.overdue(now=110.0, max_wait_s=5.0)] == ["queued"]
-    assert sched.overdue(now=104.0, max_wait_s=5.0) == []
-    running.arrival_time = 0.0
-    assert running not in sched.overdue(now=110.0, max_wait_s=5.0)  # running is not waiting
-    queued.prefill_only = True  # a prefill worker's prompt: its caller's deadline governs it
-    assert sched.overdue(now=110.0, max_wait_s=5.0) == []

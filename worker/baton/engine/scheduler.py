@@ -64,13 +64,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def overdue(self, now: float, max_wait_s: float) -> list[Sequence]:
-        """Waiting sequences never admitted that arrived more than `max_wait_s` before `now`
-        (a preempted one has started: it is not overdue; a prefill-only one has its own
-        deadline, its caller's)."""
-        return [s for s in self.waiting if s.num_preemptions == 0 and not s.prefill_only
-                and now - s.arrival_time > max_wait_s]
-
     # -- the decision ----------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()

@@ -29,8 +29,8 @@ class WorkerRefused(Exception):
 
 
 class WorkerBusy(Exception):
-    """The worker queued the request until its queue deadline without room to run it: the
-    pool is full. Not a failed worker: the client is told to retry later (429)."""
+    """429: the worker queued the request until its queue deadline without room to run it.
+    Not a failed worker: the pool is full, and the client is told to retry later."""
 
 
 class WorkerRejected(Exception):
@@ -51,21 +51,15 @@ def _error_message(status: int, body: bytes) -> str:
         return body[:500].decode(errors="replace")
 
 
-def _raise_for_event(event: dict, what: str) -> None:
-    """An error event in a worker's stream ends the request."""
-    error = event["error"]
-    if isinstance(error, dict) and error.get("code") == "queue_timeout":
-        raise WorkerBusy(f"{what}: {error.get('message', 'the worker had no room')}")
-    raise WorkerUnavailable(f"{what}: the worker reported {error}")
-
-
 def _raise_for(status: int, body: bytes, what: str) -> None:
     if status < 400:
         return
     message = f"{what}: {status} {_error_message(status, body)}"
     if status == 409:
         raise WorkerRefused(message)
-    if 400 <= status < 500 and status not in (404, 408, 429):
+    if status == 429:
+        raise WorkerBusy(message)
+    if 400 <= status < 500 and status not in (404, 408):
         raise WorkerRejected(status, message)
     raise WorkerUnavailable(message)
 
@@ -184,7 +178,7 @@ class WorkerClient:
                         finished = True
                         return
                     if "error" in event and "token_ids" not in event:
-                        _raise_for_event(event, what)
+                        raise WorkerUnavailable(f"{what}: the worker reported {event['error']}")
                     yield event
             raise WorkerUnavailable(f"{what}: the stream ended without [DONE]")
         except OSError as e:
@@ -208,7 +202,7 @@ class WorkerClient:
                     if event is None:
                         continue
                     if "error" in event and "token_ids" not in event:
-                        _raise_for_event(event, what)
+                        raise WorkerUnavailable(f"{what}: the worker reported {event['error']}")
                     yield event
             raise WorkerUnavailable(f"{what}: the stream ended without [DONE]")
         except (aiohttp.ClientError, TimeoutError) as e:

@@ -35,9 +35,9 @@ def add_arguments(parser) -> None:
                         help="pin the process to this CPU core (repeatable)")
     parser.add_argument("--peers", default="", help="comma-separated decode worker URLs to migrate to on drain")
     parser.add_argument("--ticket-ttl", type=float, default=30.0, help="seconds a reservation waits for its KV")
-    parser.add_argument("--queue-timeout", type=float, default=60.0,
+    parser.add_argument("--queue-timeout", type=float, default=30.0,
                         help="seconds a generate request may wait for room (KV, batch) before it "
-                             "first runs; then it ends with a queue_timeout error (the router's 429)")
+                             "first runs; then the answer is 429 queue_timeout (the router's 429)")
     parser.add_argument("--insecure-no-token", action="store_true",
                         help=f"run without {TOKEN_ENV} (local use only: the internal API is open)")
     parser.add_argument("--log-level", default="info")

@@ -42,10 +42,10 @@ class WorkerSettings:
     cpu_cores: list[int] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)  # decode workers to migrate to on drain
     ticket_ttl_s: float = 30.0
-    # longest wait of a generate request in the engine's queue before it ever runs (the KV
-    # pool or the batch is full): then it ends with a queue_timeout error, which the router
-    # answers with 429 and Retry-After
-    queue_timeout_s: float = 60.0
+    # longest wait of a generate request in the engine's queue before it first runs (KV pool
+    # or batch full): then 429. Shorter than the router's wait for a worker's answer (60 s),
+    # which would count the worker as lost.
+    queue_timeout_s: float = 30.0
     insecure_no_token: bool = False
 
     def validate(self) -> None:

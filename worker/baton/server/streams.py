@@ -32,14 +32,6 @@ class Ended:
     reason: str
 
 
-@dataclass(frozen=True)
-class Failed:
-    """The request ended with an error its caller can act on (code: e.g. queue_timeout)."""
-
-    message: str
-    code: str
-
-
 @dataclass
 class _Entry:
     queue: asyncio.Queue
@@ -156,11 +148,6 @@ async def relay(
             elif isinstance(item, Ended):
                 done = True
                 yield sse.encode(sse.ended_event(request_id, item.reason))
-                yield sse.DONE
-                return
-            elif isinstance(item, Failed):
-                done = True
-                yield sse.encode(_error(item.message, item.code))
                 yield sse.DONE
                 return
             elif isinstance(item, Exception):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 
 from baton.engine.async_engine import AsyncEngine
 from baton.engine.engine import Engine
 from baton.kv.stream import BackgroundLoop
 from baton.kv.transport import select_transport
+from baton.server.admissions import Admissions
 from baton.server.drain import Lifecycle
 from baton.server.errors import conflict
 from baton.server.intake import KVIntake
@@ -20,7 +20,7 @@ from baton.server.peers import Peers
 from baton.server.prefill import PrefillService, SenderPool
 from baton.server.roles import PoolShape
 from baton.server.settings import WorkerSettings
-from baton.server.streams import Ended, Failed, StreamBook
+from baton.server.streams import Ended, StreamBook
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class Worker:
             log.exception("model load failed")
             raise
         self.ae = AsyncEngine(self.engine).start()
+        self.admissions = Admissions()
         self.ae.step_observers.append(self._after_step)
         self.book = StreamBook(self.ae)
         kv_token = self.token or INSECURE_KV_TOKEN
@@ -105,6 +106,7 @@ class Worker:
 
     # -- engine thread --------------------------------------------------------------------
     def _after_step(self, outputs, _elapsed) -> None:
+        self.admissions.after_step(self.engine)
         self.metrics.observe_outputs(outputs)
         self.metrics.sync_engine(self.engine)
 
@@ -118,30 +120,8 @@ class Worker:
                     log.warning("nobody claimed the stream of %s: aborting it", rid)
                     await self.stop_request(rid)
                     self.book.close(rid)
-                await self._end_overdue()
             except Exception:
                 log.exception("janitor pass failed")
-
-    async def _end_overdue(self) -> None:
-        """Generate requests that waited too long for room end with a clear queue_timeout
-        error: their caller answers 429 rather than wait on a full pool without end."""
-        limit = self.settings.queue_timeout_s
-        if not self.engine.scheduler.waiting:  # a plain read: the common case costs no engine call
-            return
-
-        def on_engine(engine) -> list[str]:
-            ended = []
-            for seq in engine.scheduler.overdue(time.monotonic(), limit):
-                if self.book.has(seq.request_id):  # a generate request (with a stream here)
-                    engine.abort(seq.request_id)
-                    engine.release(seq.request_id)
-                    ended.append(seq.request_id)
-            return ended
-
-        for rid in await self.ae.call(on_engine):
-            log.warning("%s waited %.0fs without room to run: ending it (queue_timeout)", rid, limit)
-            self.book.push(rid, Failed(f"no room to run {rid!r} within {limit:g}s (the worker's KV "
-                                       "pool or batch is full); retry later", "queue_timeout"))
 
     # -- shared by the routes -------------------------------------------------------------
     def check_request_id_free(self, request_id: str) -> None:
