@@ -111,24 +111,28 @@ class CompletionService:
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.metrics.prompt_tokens.inc(len(req.prompt_ids))
         deltas = self._timed(text_deltas(self.dispatcher, self.model, req, request_id), started)
+        # Until the answer is over, only this watch notices a client that leaves (a remote
+        # prefill or a full pool can hold the first token for seconds): it cancels the wait,
+        # which closes `deltas` and aborts the request on its workers.
+        watch = DisconnectWatch(receive)
         try:
             # Errors until a worker takes the request become HTTP errors; from then on the
             # status is 200 and the headers go out while the prompt is still prefilling.
             first = await anext(deltas)
         except BaseException as e:
+            watch.done()
             self.admission.release(time.perf_counter() - started)
             await deltas.aclose()
+            if isinstance(e, asyncio.CancelledError) and watch.left():
+                return None
             if isinstance(e, Exception):
                 return await self._send_failure(send, e)
             raise
         if req.stream:
             events = self._stream_events(req, kind, request_id, first, deltas, started)
-            await send_event_stream(receive, send, events)
+            await send_event_stream(receive, send, events, watch)
             return 200
         text, last = first.text, first
-        # nothing is sent until the end, so only the watch notices a client that leaves: it
-        # cancels the wait, which closes `deltas` and aborts the request on its worker
-        watch = DisconnectWatch(receive)
         try:
             async with aclosing(deltas):
                 while last.finish_reason is None:
