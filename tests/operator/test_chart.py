@@ -131,14 +131,3 @@ def test_values_schema_accepts_defaults_and_all_features():
 def test_operator_deployment_template_pins_one_recreated_replica():
     text = (CHART / "templates" / "deployment.yaml").read_text()
     assert "replicas: 1" in text and "type: Recreate" in text and "livenessProbe" in text
-
-
-def test_the_operator_pod_is_what_the_worker_network_policy_lets_in():
-    """The workers' NetworkPolicy admits the operator's drain and role calls by its pod
-    labels in its own namespace, which the chart hands it as POD_NAMESPACE."""
-    from baton.operator.manifests.policy import OPERATOR_POD_LABELS
-
-    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    assert all(f"{key}: {value}" in helpers for key, value in OPERATOR_POD_LABELS.items())
-    deployment = (CHART / "templates" / "deployment.yaml").read_text()
-    assert "name: POD_NAMESPACE" in deployment and "fieldPath: metadata.namespace" in deployment

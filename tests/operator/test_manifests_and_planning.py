@@ -77,12 +77,6 @@ def test_network_policy_and_pool_service_select_only_this_deployment():
     assert rule[0]["from"][0]["podSelector"]["matchLabels"][labels.DEPLOYMENT] == "d"
     assert {p["port"] for p in rule[0]["ports"]} == {8100, 8101}
     assert rule[1]["ports"] == [{"protocol": "TCP", "port": 8100}]
-    # the operator drains workers and switches their roles over HTTP: its pods get through
-    rules = policy.worker_network_policy("d", operator_namespace="baton-system")["spec"]["ingress"]
-    peer = rules[1]["from"][0]
-    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "baton-system"}
-    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
-    assert rules[1]["ports"] == [{"protocol": "TCP", "port": 8100}]
     selector = router.pool_service("d", "prefill")["spec"]["selector"]
     assert selector[labels.STATE] == "active" and selector[labels.ROLE] == "prefill"
 

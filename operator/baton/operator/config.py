@@ -21,7 +21,6 @@ class OperatorConfig:
     request_timeout: float = 30.0  # seconds per Kubernetes API call
     watch_timeout: int = 300  # server-side watch timeout; the client waits a bit longer
     metrics_namespace: str | None = None  # may scrape worker /metrics through the policy
-    operator_namespace: str | None = None  # where this operator's pod runs: let through to the workers
     allowed_host_paths: tuple[str, ...] = ()  # node folders a hostPath model may use; () = none
 
 

@@ -32,7 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = OperatorConfig(resync_seconds=args.resync_seconds,
                             metrics_namespace=args.metrics_namespace or None,
-                            operator_namespace=os.environ.get("POD_NAMESPACE") or None,
                             allowed_host_paths=tuple(args.allow_host_path))
     registry = kopf.OperatorRegistry()
     register(registry, config)

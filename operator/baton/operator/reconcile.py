@@ -141,7 +141,7 @@ class Reconciler:
             router.router_deployment(name, spec),
             router.router_service(name, spec),
             policy.worker_disruption_budget(name),
-            policy.worker_network_policy(name, self.config.metrics_namespace, self.config.operator_namespace),
+            policy.worker_network_policy(name, self.config.metrics_namespace),
         ]
         if await self.api.has_api("monitoring.coreos.com/v1"):
             desired.append(policy.service_monitor(name))

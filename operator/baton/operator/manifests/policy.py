@@ -49,15 +49,9 @@ def worker_disruption_budget(deployment: str) -> dict[str, Any]:
     }
 
 
-# the operator's pods, as the chart labels them (charts/baton/templates/_helpers.tpl)
-OPERATOR_POD_LABELS = {"app.kubernetes.io/component": "operator", "app.kubernetes.io/part-of": "baton"}
-
-
-def worker_network_policy(deployment: str, metrics_namespace: str | None = None,
-                          operator_namespace: str | None = None) -> dict[str, Any]:
+def worker_network_policy(deployment: str, metrics_namespace: str | None = None) -> dict[str, Any]:
     """Worker ports are reachable only from this deployment's router and its other workers
-    (KV handoff, migrations), the operator's pods in `operator_namespace` (drain and role
-    calls on the HTTP port), and optionally /metrics from one monitoring namespace."""
+    (KV handoff, migrations); optionally /metrics from one monitoring namespace."""
     ports = [{"protocol": "TCP", "port": labels.WORKER_PORT},
              {"protocol": "TCP", "port": labels.KV_PORT}]
     rules: list[dict[str, Any]] = [{
@@ -67,12 +61,6 @@ def worker_network_policy(deployment: str, metrics_namespace: str | None = None,
         ],
         "ports": ports,
     }]
-    if operator_namespace:
-        rules.append({
-            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
-                      "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
-            "ports": [{"protocol": "TCP", "port": labels.WORKER_PORT}],
-        })
     if metrics_namespace:
         rules.append({
             "from": [{"namespaceSelector": {
