@@ -16,13 +16,13 @@ URL_LINE = re.compile(r"Baton is up: (http://\S+)/v1")
 
 
 class UpProcess:
-    def __init__(self, args: list[str], log_dir: Path):
+    def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
         self.log_dir = log_dir
         self.out_path = log_dir / "baton-up.out"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "baton.cli", "up", *args, "--log-dir", str(log_dir)],
             stdout=open(self.out_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            start_new_session=True)
+            start_new_session=True, env={**os.environ, **(env or {})})
         self.url = ""
 
     def wait_up(self, timeout_s: float = 240.0) -> str:
@@ -44,6 +44,33 @@ class UpProcess:
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def server(self, *markers: str) -> psutil.Process:
+        """The one running server process whose command line holds every marker, e.g.
+        ("baton.server.main", "--role decode") or ("baton.router.main",)."""
+        found = []
+        for p in self.descendants():
+            try:
+                line = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            if "baton.local.run_module" in line and all(m in line for m in markers):
+                found.append(p)
+        assert len(found) == 1, f"{len(found)} processes match {markers}"
+        return found[0]
+
+    def printed(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def wait_printed(self, text: str, timeout_s: float, count: int = 1) -> float:
+        """Seconds until `baton up` has printed `text` `count` times (fails past the timeout)."""
+        started = time.monotonic()
+        while self.printed().count(text) < count:
+            if time.monotonic() - started > timeout_s:
+                raise AssertionError(f"baton up did not print {text!r} x{count} within {timeout_s}s:\n"
+                                     f"{self.output()}")
+            time.sleep(0.2)
+        return time.monotonic() - started
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 90.0) -> int:
         if self.proc.poll() is None:

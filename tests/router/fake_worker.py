@@ -25,6 +25,7 @@ class FakeWorker:
         self.refuse_reserves = 0  # answer 409 this many times
         self.fail_prefills = 0  # answer 500 this many times
         self.die_after_tokens: int | None = None  # drop the connection after n streamed tokens
+        self.queue_timeouts = 0  # answer this many generate calls 429 queue_timeout (pool full)
         self.calls: list[tuple[str, str]] = []  # (path, request_id)
         self.aborted: list[str] = []
         self.reserved: dict[str, dict] = {}
@@ -77,6 +78,11 @@ class FakeWorker:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, "generate")
+        if self.queue_timeouts > 0:  # queued until the deadline without room (the contract's 429)
+            self.queue_timeouts -= 1
+            error = {"message": f"no room to run {body['request_id']!r} within 1s", "type": "overloaded",
+                     "code": "queue_timeout"}
+            return web.json_response({"error": error}, status=429)
         return await self._stream(request, body["request_id"], body["prompt_token_ids"], body["params"])
 
     async def stream(self, request: web.Request) -> web.StreamResponse:

@@ -149,6 +149,22 @@ async def test_api_key_and_admission_limit(fake_workers, model_info):
         assert (await first).choices[0].finish_reason == "length"
 
 
+async def test_a_full_pool_is_a_429_with_retry_after_not_a_lost_worker(fake_workers, model_info, expected):
+    """A worker that queued a request past its deadline answers 429 (docs/contracts.md): the
+    pool is full, the worker is not broken. The client gets 429 + Retry-After, streaming or
+    not, nothing is re-issued, and the next request goes to the same worker at once."""
+    decode = await fake_workers("decode")
+    async with running_router(model_info, [decode.url]) as url, httpx.AsyncClient(base_url=url, timeout=20) as http:
+        decode.queue_timeouts = 2
+        for stream in (False, True):
+            r = await http.post("/v1/completions", json={"prompt": "Q", "max_tokens": 5, "stream": stream})
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
+            assert r.json()["error"]["code"] == "overloaded" and "no room" in r.json()["error"]["message"]
+        assert len(decode.paths("generate")) == 2  # neither was re-issued
+        ok = await client(url).completions.create(model="smollm2", prompt="Q", max_tokens=100)
+        assert ok.choices[0].text == expected and len(decode.paths("generate")) == 3
+
+
 async def test_no_workers_is_a_clear_503(model_info):
     from baton.router.dispatch import Deadlines
 

@@ -4,9 +4,6 @@ of a client leaving, streamed or not (item 5)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import httpx
 import openai
 import pytest
@@ -14,7 +11,7 @@ import pytest_asyncio
 from router_harness import running_router
 
 from baton.router.dispatch import Deadlines
-from tests.server.workers import TOKEN
+from tests.server.workers import TOKEN, free_blocks, wait_free
 
 pytestmark = pytest.mark.asyncio
 HELD = 4  # chat requests held open at once, none with max_tokens
@@ -24,20 +21,6 @@ MESSAGES = [{"role": "user", "content": "Write a very long story about a lightho
 @pytest.fixture
 def workers(real_workers):
     return real_workers
-
-
-async def free_blocks(worker) -> int:
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as http:
-        return (await http.get(f"{worker.url}/internal/state")).json()["free_blocks"]
-
-
-async def wait_free(worker, expected: int, within_s: float) -> float:
-    """Seconds until the worker's free blocks are back to `expected` (fails past `within_s`)."""
-    started = time.perf_counter()
-    while (free := await free_blocks(worker)) != expected:
-        assert time.perf_counter() - started < within_s, f"{free} free blocks, expected {expected}"
-        await asyncio.sleep(0.05)
-    return time.perf_counter() - started
 
 
 def metric(text: str, name: str, label: str) -> float:

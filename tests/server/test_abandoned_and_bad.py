@@ -19,12 +19,14 @@ pytestmark = pytest.mark.slow  # two worker processes start first (30-60 s on a 
 
 LONG = {"max_tokens": 3000, "ignore_eos": True}  # minutes of decoding: it must be stopped
 CLAIM_TIMEOUT_S = 2.0
+QUEUE_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
 def pair():
     specs = [
-        ("abandon-both", "both", ["--block-size", "16", "--kv-cache-memory-gb", "0.3"],
+        ("abandon-both", "both", ["--block-size", "16", "--kv-cache-memory-gb", "0.3",
+                                  "--queue-timeout", str(QUEUE_TIMEOUT_S)],
          {"BATON_STREAM_CLAIM_TIMEOUT_S": str(CLAIM_TIMEOUT_S)}),
         ("abandon-prefill", "prefill", ["--block-size", "16", "--kv-cache-memory-gb", "0.1"], None),
     ]
@@ -93,6 +95,32 @@ def test_a_stream_nobody_claims_is_aborted(pair):
     assert decode.state()["running"] == 1
     _wait_free(decode, idle, CLAIM_TIMEOUT_S + 3.0)
     assert decode.state()["running"] == 0
+
+
+def test_a_request_without_room_is_a_429_after_the_queue_deadline_then_runs_once_room_is_back(pair):
+    """The answer to generate waits until the engine runs the request: with every block
+    reserved it never does, so past the queue deadline the answer is 429 and nothing of it
+    is left; with room back the same request streams at once."""
+    worker = pair["both"]
+    idle = worker.state()["free_blocks"]
+    hog = new_id("hog")
+    held = worker.post("/internal/reserve", {"request_id": hog, "prompt_token_ids": [1, 2, 3],
+                                             "params": {"max_tokens": 1}, "headroom_tokens": idle * 16 - 4})
+    assert held.status_code == 200 and worker.state()["free_blocks"] == 0
+    ids = worker.tokenize("Hello there")
+    try:
+        started = time.monotonic()
+        refused = worker.post("/internal/generate", {"request_id": new_id("queued"), "prompt_token_ids": ids,
+                                                     "params": {"max_tokens": 4}})
+        waited = time.monotonic() - started
+    finally:
+        worker.post(f"/internal/abort/{hog}")
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_timeout", refused.text
+    assert QUEUE_TIMEOUT_S <= waited < QUEUE_TIMEOUT_S + 5
+    state = worker.state()
+    assert state["waiting"] == 0 and state["running"] == 0 and state["free_blocks"] == idle
+    served = asyncio.run(generate(worker, ids, {"max_tokens": 4, "ignore_eos": True}))
+    assert len(served["token_ids"]) == 4 and not served["errors"]
 
 
 BAD_PARAMS = [

@@ -31,8 +31,44 @@ def new_id(prefix: str = "req") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-class WorkerProcess:
+class WorkerApi:
+    """A worker's HTTP API at `url`, whoever started it (this module, or `baton up`)."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def get(self, path: str, token: str = TOKEN) -> httpx.Response:
+        return httpx.get(self.url + path, headers=_auth(token), timeout=30)
+
+    def post(self, path: str, body: dict | None = None, token: str = TOKEN, timeout: float = 60) -> httpx.Response:
+        return httpx.post(self.url + path, json=body or {}, headers=_auth(token), timeout=timeout)
+
+    def state(self) -> dict:
+        return self.get("/internal/state").json()
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples over all label sets."""
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.post("/internal/tokenize", {"text": text}).json()["token_ids"]
+
+    def wait_free_blocks(self, expected: int, timeout: float = 10.0) -> int:
+        deadline = time.monotonic() + timeout
+        free = self.state()["free_blocks"]
+        while free != expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+            free = self.state()["free_blocks"]
+        return free
+
+
+class WorkerProcess(WorkerApi):
     def __init__(self, name: str, role: str, *args: str, env: dict | None = None):
+        super().__init__("")
         self.name = name
         self.role = role
         self.port = free_port()
@@ -75,35 +111,6 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._log.close()
-
-    # -- API ---------------------------------------------------------------------------
-    def get(self, path: str, token: str = TOKEN) -> httpx.Response:
-        return httpx.get(self.url + path, headers=_auth(token), timeout=30)
-
-    def post(self, path: str, body: dict | None = None, token: str = TOKEN, timeout: float = 60) -> httpx.Response:
-        return httpx.post(self.url + path, json=body or {}, headers=_auth(token), timeout=timeout)
-
-    def state(self) -> dict:
-        return self.get("/internal/state").json()
-
-    def metric(self, name: str) -> float:
-        """Sum of a metric's samples over all label sets."""
-        total = 0.0
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.post("/internal/tokenize", {"text": text}).json()["token_ids"]
-
-    def wait_free_blocks(self, expected: int, timeout: float = 10.0) -> int:
-        deadline = time.monotonic() + timeout
-        free = self.state()["free_blocks"]
-        while free != expected and time.monotonic() < deadline:
-            time.sleep(0.1)
-            free = self.state()["free_blocks"]
-        return free
 
 
 def _auth(token: str | None) -> dict:
@@ -176,3 +183,17 @@ async def handoff(prefill: WorkerProcess, decode: WorkerProcess, ids: list[int],
         result = await asyncio.wait_for(stream, 120)
         result.update(prefill=pre, ticket=ticket, request_id=rid)
         return result
+
+
+async def free_blocks(worker: WorkerApi) -> int:
+    async with httpx.AsyncClient(headers=_auth(TOKEN), timeout=10) as http:
+        return (await http.get(f"{worker.url}/internal/state")).json()["free_blocks"]
+
+
+async def wait_free(worker: WorkerApi, expected: int, within_s: float) -> float:
+    """Seconds until the worker's free blocks are back to `expected` (fails past `within_s`)."""
+    started = time.perf_counter()
+    while (free := await free_blocks(worker)) != expected:
+        assert time.perf_counter() - started < within_s, f"{free} free blocks, expected {expected}"
+        await asyncio.sleep(0.05)
+    return time.perf_counter() - started

@@ -11,6 +11,7 @@ import secrets
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import httpx
 
 from baton.local.plan import plan_roles, plan_workers, worker_args
 from baton.local.process_actor import ServerProcess
+from baton.local.restart import Backoff
+from baton.local.supervisor import Supervisor
 
 WORKER_MODULE = "baton.server.main"
 ROUTER_MODULE = "baton.router.main"
@@ -37,6 +40,8 @@ class StackSpec:
     router_args: list[str] = field(default_factory=list)
     log_dir: str | None = None
     ready_timeout_s: float = 300.0
+    restart: bool = True  # restart a server process that exits, as a kubelet does
+    backoff: Backoff = field(default_factory=Backoff)
 
 
 @dataclass
@@ -53,10 +58,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def announce(message: str) -> None:
+    print(f"baton up: {message}", flush=True)
+
+
+class ActorProcess:
+    """A ServerProcess actor as the supervisor sees it; every call has a deadline."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def poll(self) -> int | None:
+        import ray
+
+        return ray.get(self.actor.poll.remote(), timeout=10)
+
+    def start(self) -> int:
+        import ray
+
+        return ray.get(self.actor.start.remote(), timeout=30)
+
+
 class LocalStack:
-    def __init__(self, spec: StackSpec):
+    def __init__(self, spec: StackSpec, say: Callable[[str], None] = announce):
         self.spec = spec
-        self.token = secrets.token_hex(16)
+        # a caller may choose the internal token (to inspect the workers); else a fresh one
+        self.token = os.environ.get("BATON_INTERNAL_TOKEN") or secrets.token_hex(16)
+        self.say = say
+        self.supervisor: Supervisor | None = None
         self.workers: list[RunningServer] = []
         self.router: RunningServer | None = None
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="baton-up-"))
@@ -83,7 +112,18 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
+        if self.spec.restart:
+            self.supervisor = Supervisor(self.spec.backoff, self.say)
+            for server in [*self.workers, self.router]:
+                label = server.name if server is self.router else f"{server.name} ({server.role})"
+                self.supervisor.watch(label, ActorProcess(server.actor), server.url + "/ready")
+            self.supervisor.start()
         return self
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Restarts so far, by server."""
+        return self.supervisor.restarts if self.supervisor else {}
 
     def _start_workers(self, remote, roles: list[str]) -> None:
         cores = sorted(os.sched_getaffinity(0))
@@ -164,6 +204,8 @@ class LocalStack:
     def stop(self) -> None:
         import ray
 
+        if self.supervisor is not None:
+            self.supervisor.stop()  # first: nothing is restarted while the stack stops
         servers = ([self.router] if self.router else []) + list(reversed(self.workers))
         for server in servers:  # the router first: no new work reaches a stopping worker
             try:

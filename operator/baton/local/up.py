@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"ttft={PolicyConfig.ttft_slo_s:g}s,tpot={PolicyConfig.tpot_slo_s * 1e3:g}ms)")
     group.add_argument("--controller-port", type=int, default=0,
                        help="port of the controller's /decisions and /metrics (0: any free one)")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="leave a server process that exits down (default: restart it with back-off, "
+                             "as a kubelet does)")
     parser.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder)")
     parser.add_argument("--quantization", choices=["auto", "none"], default=None,
                         help="workers' weights: auto (the default) serves a GGUF's quantized blocks "
@@ -57,7 +60,8 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
-                     worker_args=extra + list(args.worker_arg), log_dir=args.log_dir)
+                     worker_args=extra + list(args.worker_arg), log_dir=args.log_dir,
+                     restart=not args.no_restart)
 
 
 def autoscale_settings(args: argparse.Namespace):
@@ -123,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if controller is not None:
             controller.stop()
+        restarts = ", ".join(f"{name} {n}" for name, n in stack.restarts.items() if n)
         stack.stop()
-        print("baton up: stopped", flush=True)
+        print(f"baton up: stopped (restarts: {restarts or 'none'})", flush=True)
     return 0

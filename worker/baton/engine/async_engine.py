@@ -133,6 +133,11 @@ class AsyncEngine:
                 observer(outputs, elapsed)
             for out in outputs:
                 self._deliver(out)
+            if not outputs and not self.engine.scheduler.running:
+                # only queued sequences that do not fit: nothing changes until a call frees
+                # room (an abort, a release) or brings work, so wait for one, not spin
+                self._wake.wait(self.idle_wait_s)
+                self._wake.clear()
 
     def _deliver(self, item: RequestOutput) -> None:
         target = self._streams.get(item.request_id)

@@ -105,10 +105,11 @@ class DisconnectWatch:
         return self.gone and self.task.uncancel() == 0
 
 
-async def send_event_stream(receive, send, events: AsyncIterator[bytes]) -> None:
+async def send_event_stream(receive, send, events: AsyncIterator[bytes],
+                            watch: DisconnectWatch | None = None) -> None:
     """Stream `events` as they come. A client that leaves mid-stream cancels the wait for
-    the next event, which closes `events` (and so aborts the work behind them)."""
-    watch: DisconnectWatch | None = None
+    the next event, which closes `events` (and so aborts the work behind them). `watch`:
+    one already watching this request's client (else one starts after the first event)."""
     await send({"type": "http.response.start", "status": 200, "headers": [SSE_TYPE]})
     try:
         async with aclosing(events):

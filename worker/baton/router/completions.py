@@ -31,7 +31,7 @@ from baton.router.metrics import RouterMetrics
 from baton.router.protocol import ApiError, GenerationRequest, parse_body
 from baton.router.serving import Delta, text_deltas
 from baton.router.tokenizing import ModelInfo
-from baton.router.worker_client import WorkerRejected
+from baton.router.worker_client import WorkerBusy, WorkerRejected
 
 log = logging.getLogger(__name__)
 
@@ -111,24 +111,28 @@ class CompletionService:
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.metrics.prompt_tokens.inc(len(req.prompt_ids))
         deltas = self._timed(text_deltas(self.dispatcher, self.model, req, request_id), started)
+        # Until the answer is over, only this watch notices a client that leaves (a remote
+        # prefill or a full pool can hold the first token for seconds): it cancels the wait,
+        # which closes `deltas` and aborts the request on its workers.
+        watch = DisconnectWatch(receive)
         try:
             # Errors until a worker takes the request become HTTP errors; from then on the
             # status is 200 and the headers go out while the prompt is still prefilling.
             first = await anext(deltas)
         except BaseException as e:
+            watch.done()
             self.admission.release(time.perf_counter() - started)
             await deltas.aclose()
+            if isinstance(e, asyncio.CancelledError) and watch.left():
+                return None
             if isinstance(e, Exception):
-                return await _send_error(send, api_error(e))
+                return await self._send_failure(send, e)
             raise
         if req.stream:
             events = self._stream_events(req, kind, request_id, first, deltas, started)
-            await send_event_stream(receive, send, events)
+            await send_event_stream(receive, send, events, watch)
             return 200
         text, last = first.text, first
-        # nothing is sent until the end, so only the watch notices a client that leaves: it
-        # cancels the wait, which closes `deltas` and aborts the request on its worker
-        watch = DisconnectWatch(receive)
         try:
             async with aclosing(deltas):
                 while last.finish_reason is None:
@@ -140,7 +144,7 @@ class CompletionService:
             raise
         except Exception as e:
             watch.ended = True
-            return await _send_error(send, api_error(e))
+            return await self._send_failure(send, e)
         finally:
             watch.ended = True
             watch.done()
@@ -148,6 +152,13 @@ class CompletionService:
         await send_json(send, 200, responses.full_response(
             kind, request_id, req.model, text, last.finish_reason, len(req.prompt_ids), last.completion_tokens))
         return 200
+
+    async def _send_failure(self, send, e: Exception) -> int:
+        """The request failed before any byte of its answer went out: an error status, with
+        Retry-After when the client should come back (no room on the workers)."""
+        err = api_error(e)
+        headers = {"Retry-After": str(self.admission.retry_after())} if err.status == 429 else None
+        return await _send_error(send, err, headers)
 
     async def _parse(self, kind: str, raw: bytes) -> GenerationRequest:
         if len(raw) < OFF_LOOP_BYTES:
@@ -209,6 +220,8 @@ def api_error(e: Exception) -> ApiError:
         return e
     if isinstance(e, WorkerRejected):
         return ApiError(400 if e.status < 500 else 502, str(e))
+    if isinstance(e, WorkerBusy):  # the decode pool stayed full for the worker's queue deadline
+        return ApiError(429, f"{e}", "rate_limit_error", code="overloaded")
     if isinstance(e, NoCapacity):
         return ApiError(503, str(e), "server_error", code="no_capacity")
     if isinstance(e, UpstreamFailed | StopAsyncIteration):

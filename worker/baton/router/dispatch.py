@@ -151,6 +151,9 @@ class Dispatcher:
                 try:
                     ticket = await self.client.reserve(worker.url, rid, prompt, params, headroom)
                     return worker.url, ticket
+                except asyncio.CancelledError:  # the reservation may be made all the same
+                    self._abort_later(worker.url, rid)
+                    raise
                 except WorkerRefused:
                     self.metrics.retries.labels("reserve_refused").inc()
                 except WorkerUnavailable:
@@ -174,6 +177,10 @@ class Dispatcher:
             self.pool.begin(p_url)
             try:
                 answer = await self.client.prefill(p_url, try_rid, prompt, params, ticket, self.deadlines.prefill_s)
+            except asyncio.CancelledError:  # the client left mid-prefill: free both sides now
+                self._abort_later(p_url, try_rid)
+                self._abort_later(d_url, try_rid)
+                raise
             except (WorkerUnavailable, WorkerRejected, WorkerRefused) as e:
                 self.metrics.retries.labels("prefill_failed").inc()
                 excluded.add(p_url)

@@ -11,8 +11,8 @@ from baton.router.http1 import Http1Pool, split_url
 from baton.router.sse import DONE, SseLines, parse_sse_line
 from baton.server.keepalive import CLIENT_IDLE_S
 
-__all__ = ["ACCEPTED", "DONE", "WorkerClient", "WorkerRefused", "WorkerRejected", "WorkerUnavailable",
-           "parse_sse_line"]
+__all__ = ["ACCEPTED", "DONE", "WorkerBusy", "WorkerClient", "WorkerRefused", "WorkerRejected",
+           "WorkerUnavailable", "parse_sse_line"]
 
 
 # The first event of every stream: the worker answered 200, so it took the request (the
@@ -26,6 +26,11 @@ class WorkerUnavailable(Exception):
 
 class WorkerRefused(Exception):
     """The worker declined (409: no KV room): try another worker."""
+
+
+class WorkerBusy(Exception):
+    """429: the worker queued the request until its queue deadline without room to run it.
+    Not a failed worker: the pool is full, and the client is told to retry later."""
 
 
 class WorkerRejected(Exception):
@@ -52,7 +57,9 @@ def _raise_for(status: int, body: bytes, what: str) -> None:
     message = f"{what}: {status} {_error_message(status, body)}"
     if status == 409:
         raise WorkerRefused(message)
-    if 400 <= status < 500 and status not in (404, 408, 429):
+    if status == 429:
+        raise WorkerBusy(message)
+    if 400 <= status < 500 and status not in (404, 408):
         raise WorkerRejected(status, message)
     raise WorkerUnavailable(message)
 

@@ -2,6 +2,7 @@
 engine thread (AsyncEngine.call), KV traffic on the transport loops."""
 
 
+import asyncio
 import hmac
 import json
 import logging
@@ -180,14 +181,23 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
         require(w, "generate")
         w.check_request_id_free(rid)
         w.book.open(rid)
+        _, started = waiter = w.admissions.waiter()
+
+        def add(engine) -> None:
+            engine.add_request(ids, sp, rid)
+            w.admissions.watch(rid, waiter)
+
         try:
-            await w.ae.call(lambda e: e.add_request(ids, sp, rid))
+            await w.ae.call(add)
         except ValueError as exc:
+            w.admissions.forget(rid)
             w.book.close(rid)
             raise bad_request(str(exc)) from None
         except BaseException:
+            w.admissions.forget(rid)
             w.book.close(rid)  # no stream left behind for a request that never started
             raise
+        await _wait_started(w, rid, started, request)
         return sse_response(w, rid, w.book.claim(rid))
 
     @app.get("/internal/stream/{request_id}")
@@ -212,6 +222,30 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
         return {"token_ids": w.engine.tokenizer.encode(text)}
 
     return app
+
+
+async def _wait_started(w: Worker, rid: str, started, request: Request) -> None:
+    """Hold the answer until the engine runs the request: a 200 means it is running. Past the
+    queue deadline (no KV room, full batch) it is dropped with a 429; a caller that leaves
+    meanwhile takes it out of the queue."""
+    deadline = asyncio.get_running_loop().time() + w.settings.queue_timeout_s
+    try:
+        while not started.is_set():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise ApiError(429, f"no room to run {rid!r} within {w.settings.queue_timeout_s:g}s (the "
+                               "worker's KV pool or batch is full); retry later", "overloaded", "queue_timeout")
+            try:
+                await asyncio.wait_for(started.wait(), min(left, 0.5))
+            except TimeoutError:
+                if await request.is_disconnected():
+                    raise ApiError(499, f"the caller of {rid!r} left while it was queued", "gone",
+                                   "client_closed") from None
+    except BaseException:
+        w.admissions.forget(rid)
+        await asyncio.shield(w.stop_request(rid))
+        w.book.close(rid)
+        raise
 
 
 async def _abandon(w: Worker, request_id: str, target: str | None) -> None:

@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
                         help="pin the process to this CPU core (repeatable)")
     parser.add_argument("--peers", default="", help="comma-separated decode worker URLs to migrate to on drain")
     parser.add_argument("--ticket-ttl", type=float, default=30.0, help="seconds a reservation waits for its KV")
+    parser.add_argument("--queue-timeout", type=float, default=30.0,
+                        help="seconds a generate request may wait for room (KV, batch) before it "
+                             "first runs; then the answer is 429 queue_timeout (the router's 429)")
     parser.add_argument("--insecure-no-token", action="store_true",
                         help=f"run without {TOKEN_ENV} (local use only: the internal API is open)")
     parser.add_argument("--log-level", default="info")
@@ -63,6 +66,7 @@ def settings_from_args(args) -> WorkerSettings:
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
         cpu_cores=list(args.cpu_core), peers=[p for p in args.peers.split(",") if p],
         ticket_ttl_s=args.ticket_ttl, insecure_no_token=args.insecure_no_token,
+        queue_timeout_s=args.queue_timeout,
     )
 
 

@@ -44,6 +44,10 @@ class WorkerSettings:
     cpu_cores: list[int] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)  # decode workers to migrate to on drain
     ticket_ttl_s: float = 30.0
+    # longest wait of a generate request in the engine's queue before it first runs (KV pool
+    # or batch full): then 429. Shorter than the router's wait for a worker's answer (60 s),
+    # which would count the worker as lost.
+    queue_timeout_s: float = 30.0
     insecure_no_token: bool = False
 
     def validate(self) -> None:
@@ -56,6 +60,8 @@ class WorkerSettings:
                              f"got {self.tpot_objective_s * 1e3!r}")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
+        if not self.queue_timeout_s > 0:
+            raise ValueError(f"--queue-timeout must be positive, got {self.queue_timeout_s}")
         if self.insecure_no_token and not is_loopback(self.host):
             # without a token the HTTP API is open and the KV port takes a well-known token:
             # acceptable only where no other machine can reach either

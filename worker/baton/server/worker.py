@@ -10,6 +10,7 @@ from baton.engine.async_engine import AsyncEngine
 from baton.engine.engine import Engine
 from baton.kv.stream import BackgroundLoop
 from baton.kv.transport import select_transport
+from baton.server.admissions import Admissions
 from baton.server.drain import Lifecycle
 from baton.server.errors import conflict
 from baton.server.intake import KVIntake
@@ -61,6 +62,7 @@ class Worker:
             log.exception("model load failed")
             raise
         self.ae = AsyncEngine(self.engine).start()
+        self.admissions = Admissions()
         self.ae.step_observers.append(self._after_step)
         self.book = StreamBook(self.ae)
         kv_token = self.token or INSECURE_KV_TOKEN
@@ -102,6 +104,7 @@ class Worker:
 
     # -- engine thread --------------------------------------------------------------------
     def _after_step(self, outputs, _elapsed) -> None:
+        self.admissions.after_step(self.engine)
         self.metrics.observe_outputs(outputs)
         self.metrics.sync_engine(self.engine)
 

@@ -1,0 +1,36 @@
+"""The session's `baton up` stack (fault_stack.py says how it is set up)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.faults.fault_stack import ENV, THRESHOLD, WORKER_ARGS, Stack
+from tests.local.stack_harness import UpProcess, alive
+from tests.server.workers import WorkerApi
+
+WORKERS_LINE = re.compile(r"workers: prefill@(http://\S+), decode@(http://\S+);")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    up = UpProcess(["--prefill", "1", "--decode", "1", "--port", "0", "--disagg-threshold", str(THRESHOLD),
+                    *WORKER_ARGS], tmp_path_factory.mktemp("faults"), env=ENV)
+    started: list[psutil.Process] = []
+    try:
+        url = up.wait_up()
+        prefill_url, decode_url = WORKERS_LINE.search(up.printed()).groups()
+        model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        yield Stack(up, url, WorkerApi(prefill_url), WorkerApi(decode_url), model)
+        started = up.descendants()  # restarted servers included: they must stop as well
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    deadline = time.monotonic() + 30
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert alive(started) == [], "processes left behind"
