@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import errors, openapi, resources
+from . import errors, openapi, protobuf, resources
 from .selectors import field_matcher, label_matcher
 from .store import Event, Store
 from .tables import table
@@ -207,6 +207,11 @@ class ApiServer:
 
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
+        if request.content_type == "application/vnd.kubernetes.protobuf":
+            return protobuf.decode_secret(raw)
+        if "protobuf" in request.content_type or "cbor" in request.content_type:
+            raise errors.ApiError(415, "UnsupportedMediaType",
+                                  f"{request.content_type} is not supported; send JSON")
         return json.loads(raw) if raw.strip() else {}
 
     def _respond(self, request: web.Request, res: resources.Resource,

@@ -128,7 +128,7 @@ class Store:
         meta = obj.setdefault("metadata", {})
         if res.namespaced:
             namespace = namespace or meta.get("namespace") or "default"
-            if meta.get("namespace") not in (None, namespace):
+            if meta.get("namespace") not in (None, "", namespace):
                 raise errors.bad_request("the namespace of the object does not match the URL")
             if (res.kind != "Namespace" and
                     ("", "namespaces") in self._objects and
