@@ -9,13 +9,13 @@ from baton.api import parse_spec
 from baton.autoscaler.actuator import ActuationError
 from baton.autoscaler.estimate import ConversionTimes, PoolState
 from baton.autoscaler.inputs import Action, Decision
-from baton.autoscaler.kube_actuator import (
+from baton.autoscaler.ray_actuator import RayActuator, WorkerState, choose_worker, committed_split
+from baton.operator.autoscaling.actuator import (
     KubernetesActuator,
     pending_conversions,
     pool_state,
     spec_patch,
 )
-from baton.autoscaler.ray_actuator import RayActuator, WorkerState, choose_worker, committed_split
 from baton.operator.planning import PodView
 
 
@@ -144,7 +144,7 @@ async def test_local_split_counts_the_workers_that_did_not_answer():
 
 
 def test_several_conversions_name_several_pods_within_the_disruption_budget():
-    from baton.autoscaler.kube_actuator import disruption_allowance
+    from baton.operator.autoscaling.actuator import disruption_allowance
 
     pods = [pod(f"p{i}", "prefill", created=f"2025-01-0{i + 1}T00:00:00Z") for i in range(5)]
     pods += [pod("d0", "decode"), pod("d1", "decode", state="draining")]

@@ -9,13 +9,18 @@ from prometheus_client import CollectorRegistry
 
 from baton.api.models import Autoscaling, SizingDecision
 from baton.autoscaler.actuator import ActuationError
-from baton.autoscaler.daemon import policy_config, rate_window, replacing_patch, worker_urls
 from baton.autoscaler.estimate import ObservationBuilder, PoolState, kv_capacity_from_usage
 from baton.autoscaler.inputs import Action, PolicyConfig
 from baton.autoscaler.instruments import metrics_for
 from baton.autoscaler.loop import Controller
 from baton.autoscaler.metrics import FleetSnapshot, MetricsUnavailable, StepSample
 from baton.autoscaler.policy import SizingPolicy
+from baton.operator.autoscaling.daemon import (
+    policy_config,
+    rate_window,
+    replacing_patch,
+    worker_urls,
+)
 
 CONFIG = PolicyConfig(ttft_slo_s=1.0, tpot_slo_s=0.1, prefill_bounds=(1, 2), decode_bounds=(1, 2),
                       cooldown_s=0.0)

@@ -43,10 +43,14 @@ def declare(emulator: Any, key: str, kind: str) -> None:
 
 
 class FakeWorker:
-    """The drain and role endpoints of docs/contracts.md on 127.0.0.1, shared by all pods."""
+    """The drain and role endpoints of docs/contracts.md on one port of several loopback
+    addresses (pod IPs), shared by all pods; `received` tells which address got what."""
+
+    HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str | None, Any]] = []
+        self.received: list[tuple[str, str, str, Any]] = []  # (address, method, path, body)
         self.drain_finished = True  # GET /internal/drain answers "drained" when True
         self.role = "prefill"
         self.state = "active"
@@ -56,6 +60,8 @@ class FakeWorker:
     async def _record(self, request: web.Request) -> Any:
         body = await request.json() if request.can_read_body else None
         self.calls.append((request.method, request.path, request.headers.get("Authorization"), body))
+        address = request.transport.get_extra_info("sockname")[0] if request.transport else ""
+        self.received.append((address, request.method, request.path, body))
         return body
 
     async def post_drain(self, request: web.Request) -> web.Response:
@@ -80,9 +86,11 @@ class FakeWorker:
         app.router.add_post("/internal/role", self.post_role)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.HOSTS[0], 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        for host in self.HOSTS[1:]:  # the same port on the other pod addresses
+            await web.TCPSite(self._runner, host, self.port).start()
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -131,3 +131,12 @@ def test_values_schema_accepts_defaults_and_all_features():
 def test_operator_deployment_template_pins_one_recreated_replica():
     text = (CHART / "templates" / "deployment.yaml").read_text()
     assert "replicas: 1" in text and "type: Recreate" in text and "livenessProbe" in text
+
+
+def test_operator_pod_knows_its_namespace_and_passes_the_scrapers():
+    text = (CHART / "templates" / "deployment.yaml").read_text()
+    env = text[text.index("env:"):text.index("ports:")]
+    assert "name: POD_NAMESPACE" in env and "fieldPath: metadata.namespace" in env
+    assert "--metrics-pod-label={{ $key }}={{ $value }}" in text
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["operator"]
+    assert defaults["metricsPodLabels"] == {"app.kubernetes.io/name": "prometheus"}

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import re
+from pathlib import Path
+from unittest import mock
+
+from kubelet_env import started_args
+from netpol import Source, admits
+
 from baton.api import parse_spec
 from baton.operator import labels
+from baton.operator import main as operator_main
 from baton.operator.manifests import policy, router, workers
-from baton.operator.planning import PodView, plan_pods
+from baton.operator.planning import PodView, leaving_pods, migration_peers, plan_pods
 from baton.operator.reconcile import _drift_patch, contains
 from baton.operator.status import compute_status, set_conditions
+from baton.router import main as router_main
+from baton.server import main as worker_main
 
 
 def spec(**fields):
     return parse_spec({"image": "baton-worker:1", **fields})
 
 
-def pod(name, role, state="active", ready=True, ip="10.0.0.1", template=None, phase="Running"):
-    body = workers.worker_pod("d", name, role, spec())
+def pod(name, role, state="active", ready=True, ip="10.0.0.1", template=None, phase="Running",
+        built_from=None):
+    body = workers.worker_pod("d", name, role, built_from or spec())
     body["metadata"]["labels"][labels.STATE] = state
     if template is not None:
         body["metadata"]["annotations"][labels.TEMPLATE_HASH] = template
@@ -72,19 +85,92 @@ def test_worker_pods_run_with_least_privilege():
             assert env["HOME"].startswith("/tmp") and env["XDG_CACHE_HOME"].startswith("/tmp")
 
 
-def test_network_policy_and_pool_service_select_only_this_deployment():
-    rule = policy.worker_network_policy("d", metrics_namespace="monitoring")["spec"]["ingress"]
-    assert rule[0]["from"][0]["podSelector"]["matchLabels"][labels.DEPLOYMENT] == "d"
-    assert {p["port"] for p in rule[0]["ports"]} == {8100, 8101}
-    assert rule[1]["ports"] == [{"protocol": "TCP", "port": 8100}]
+def operator_args(*args, namespace="baton-system"):
+    parser = argparse.ArgumentParser()
+    with mock.patch.dict(os.environ, {"POD_NAMESPACE": namespace}):  # the chart's downward API
+        operator_main.add_arguments(parser)
+        return operator_main.config_from_args(parser.parse_args(list(args)))
+
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "baton"
+
+
+def chart_operator_pod_labels():
+    """The labels of the chart's operator pod: its label helpers with default values."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    found = dict(re.findall(r"^(app\.kubernetes\.io/(?:part-of|component)): (\S+)$", helpers,
+                            flags=re.MULTILINE))
+    deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    template = deployment[deployment.index("  template:"):]
+    assert 'include "baton.labels"' in template  # the pod template carries those labels
+    return found
+
+
+def test_worker_policy_admits_router_workers_operator_and_prometheus_only():
+    # the chart's defaults: operator in baton-system, scrapers labelled as Prometheus pods
+    config = operator_args("--metrics-pod-label", "app.kubernetes.io/name=prometheus")
+    body = policy.worker_network_policy("d", config.policy_peers)
+    target = labels.worker("d", "decode")
+
+    def admitted(source, port):
+        return admits(body, "serving", target, source, port)
+
+    router_pod = Source("serving", labels.common("d", labels.ROUTER))
+    other_worker = Source("serving", labels.worker("d", "prefill"))
+    assert admitted(router_pod, 8100) and admitted(other_worker, 8101)
+    # the operator's drain and role calls, and the controller's scrapes
+    operator_pod = Source("baton-system", {**chart_operator_pod_labels(), "team": "ml"})
+    assert labels.OPERATOR_POD.items() <= operator_pod.labels.items()
+    assert admitted(operator_pod, 8100) and not admitted(operator_pod, 8101)
+    assert not admitted(Source("elsewhere", operator_pod.labels), 8100)
+    # Prometheus (kube-prometheus-stack) scraping /metrics
+    prometheus = Source("monitoring", {"app.kubernetes.io/name": "prometheus"})
+    assert admitted(prometheus, 8100) and not admitted(prometheus, 8101)
+    # anybody else, another deployment's pods included, is refused
+    assert not admitted(Source("serving", labels.common("other", labels.ROUTER)), 8100)
+    assert not admitted(Source("serving", labels.worker("other", "decode")), 8101)
+    assert not admitted(Source("monitoring", {"app": "grafana"}), 8100)
+
+
+def test_worker_policy_scrapers_narrowed_to_a_namespace_or_none():
+    whole = operator_args("--metrics-namespace", "monitoring").policy_peers
+    body = policy.worker_network_policy("d", whole)
+    target = labels.worker("d", "decode")
+    assert admits(body, "serving", target, Source("monitoring", {"app": "x"}), 8100)
+    assert not admits(body, "serving", target, Source("other", {"app": "x"}), 8100)
+    nobody = policy.worker_network_policy("d", operator_args().policy_peers)
+    assert len(nobody["spec"]["ingress"]) == 2  # router/workers and the operator, no scrapers
     selector = router.pool_service("d", "prefill")["spec"]["selector"]
     assert selector[labels.STATE] == "active" and selector[labels.ROLE] == "prefill"
 
 
 def test_template_hash_ignores_pool_sizes_but_not_image():
-    a = workers.template_hash(spec())
-    assert a == workers.template_hash(spec(prefill={"replicas": 5}))
-    assert a != workers.template_hash(parse_spec({"image": "baton-worker:2"}))
+    a = workers.template_hash(spec(), "prefill")
+    assert a == workers.template_hash(spec(prefill={"replicas": 5}), "prefill")
+    assert a != workers.template_hash(parse_spec({"image": "baton-worker:2"}), "prefill")
+
+
+def test_editing_a_pools_resources_or_placement_rolls_that_pools_pods():
+    pods = [pod("a", "prefill"), pod("b", "decode")]
+    assert not plan_pods(spec(), pods).start_removal
+    for change in ({"resources": {"limits": {"cpu": "4"}}},
+                   {"nodeSelector": {"pool": "decode"}},
+                   {"tolerations": [{"key": "gpu", "operator": "Exists"}]}):
+        plan = plan_pods(spec(decode=change), pods)
+        assert [p.name for p in plan.start_removal] == ["b"], change
+    assert not plan_pods(spec(decode={"replicas": 1}), pods).start_removal
+
+
+def test_a_broken_image_rollout_is_fixed_by_editing_the_image_back():
+    good, broken = spec(image="w:good"), spec(image="w:broken")
+    fleet = [pod("a", "prefill", built_from=good), pod("b", "decode", built_from=good)]
+    assert [p.name for p in plan_pods(broken, fleet).start_removal] == ["a"]
+    # a's replacement never serves: the rollout stops there, b keeps serving
+    fleet = [pod("a2", "prefill", ready=False, built_from=broken), fleet[1]]
+    assert not plan_pods(broken, fleet).start_removal
+    # the user puts the good image back: the broken pod goes at once, b is current again
+    plan = plan_pods(good, fleet)
+    assert [p.name for p in plan.start_removal] == ["a2"]
 
 
 def test_scale_down_picks_a_pod_that_is_not_serving_first():
@@ -151,3 +237,75 @@ def test_router_takes_its_api_key_from_a_secret_and_serves_all_addresses():
     assert ref == {"name": "s", "key": "k"}
     open_router = router.router_deployment("d", spec())["spec"]["template"]["spec"]["containers"][0]
     assert "BATON_API_KEY" not in {e["name"] for e in open_router["env"]}
+
+
+def router_container(body):
+    return body["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_router_tokenizes_with_the_workers_model_and_block_size():
+    s = spec(model={"source": "pvc", "claimName": "models", "path": "llama"},
+             engine={"blockSize": 32})
+    body = router.router_deployment("d", s)
+    worker_args = workers.worker_pod("d", "p", "decode", s)["spec"]["containers"][0]["args"]
+    parser = argparse.ArgumentParser()
+    router_main.add_arguments(parser)
+    parsed = parser.parse_args(router_container(body)["args"][2:])  # what `baton router` reads
+    assert parsed.model == worker_args[worker_args.index("--model") + 1] == "/models/llama"
+    assert parsed.block_size == 32
+    # the router reads the tokenizer from the same claim, mounted where the workers have it
+    volumes = body["spec"]["template"]["spec"]["volumes"]
+    assert volumes == [{"name": "model", "persistentVolumeClaim": {"claimName": "models",
+                                                                   "readOnly": True}}]
+    assert router_container(body)["volumeMounts"] == [
+        {"name": "model", "mountPath": "/models", "readOnly": True}]
+
+    bundled = router.router_deployment("d", spec())
+    parsed = parser.parse_args(router_container(bundled)["args"][2:])
+    assert parsed.model == "bundled" and router_main.model_path(parsed.model) is None
+    assert "volumes" not in bundled["spec"]["template"]["spec"]
+
+
+def test_workers_advertise_their_pod_ip_and_name():
+    body = workers.worker_pod("d", "d-w-1a2b3c", "decode", spec())
+    body["metadata"]["namespace"] = "serving"
+    body["status"] = {"podIP": "10.4.0.17"}
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    settings = worker_main.settings_from_args(parser.parse_args(
+        started_args(body, body["spec"]["containers"][0])[2:]))
+    # what goes into tickets: an address other pods reach, not the pod's unresolvable hostname
+    assert settings.public_host == "10.4.0.17"
+    assert settings.name == "d-w-1a2b3c"
+    assert settings.host == "0.0.0.0"  # it still listens on every address
+
+    body["status"] = {"podIP": "fd00::17"}
+    settings = worker_main.settings_from_args(parser.parse_args(
+        started_args(body, body["spec"]["containers"][0])[2:]))
+    assert settings.url_host == "[fd00::17]"
+
+
+def test_a_converted_pod_restarts_in_the_role_its_label_says():
+    body = workers.worker_pod("d", "d-w-1", "prefill", spec())
+    container = body["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    assert parser.parse_args(started_args(body, container)[2:]).role == "prefill"
+    # the operator's conversion relabels the running pod; its container spec cannot change
+    body["metadata"]["labels"][labels.ROLE] = "decode"
+    assert parser.parse_args(started_args(body, container)[2:]).role == "decode"
+
+
+def test_migration_peers_are_the_decode_workers_that_stay():
+    s = spec(prefill={"replicas": 2}, decode={"replicas": 1},
+             conversions=[{"pod": "d1", "toRole": "prefill"}])
+    observed = [pod("p1", "prefill", ip="10.0.0.1"), pod("d1", "decode", ip="10.0.0.2"),
+                pod("d2", "decode", ip="10.0.0.3"), pod("d3", "decode", ip="10.0.0.4", ready=False),
+                pod("d4", "decode", ip="fd00::5")]
+    plan = plan_pods(s, observed)
+    assert [p.name for p, _ in plan.convert] == ["d1"]
+    removed = {p.name for p in plan.start_removal}
+    peers = migration_peers(observed, leaving_pods(plan), 8100)
+    expected = [url for name, url in (("d2", "http://10.0.0.3:8100"), ("d4", "http://[fd00::5]:8100"))
+                if name not in removed]
+    assert peers == expected and "http://10.0.0.2:8100" not in peers

@@ -14,7 +14,7 @@ from test_operator_kmock import NAME, PDD, make_all_ready, pdd_body, pdd_status,
 
 from baton.autoscaler.estimate import PoolState
 from baton.autoscaler.inputs import Action, Decision
-from baton.autoscaler.kube_actuator import KubernetesActuator
+from baton.operator.autoscaling.actuator import KubernetesActuator
 from baton.operator.kube import KubeApi
 
 pytestmark = pytest.mark.asyncio

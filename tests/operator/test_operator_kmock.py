@@ -57,18 +57,22 @@ def condition(emulator: Any, kind: str) -> dict[str, Any]:
     return next((c for c in pdd_status(emulator).get("conditions", []) if c["type"] == kind), {})
 
 
-async def make_ready(emulator: Any, name: str, ready: bool = True) -> None:
-    status = {"phase": "Running", "podIP": "127.0.0.1",
+async def make_ready(emulator: Any, name: str, ready: bool = True, ip: str = "127.0.0.1") -> None:
+    status = {"phase": "Running", "podIP": ip,
               "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     await api(emulator, "PATCH", f"{PODS}/{name}/status", {"status": status})
 
 
-async def make_all_ready(emulator: Any) -> None:
-    for name in pods(emulator):
-        await make_ready(emulator, name)
+async def make_all_ready(emulator: Any, ips: tuple[str, ...] = ("127.0.0.1",)) -> dict[str, str]:
+    """Every pod Running and Ready, addresses dealt from `ips` in name order; -> pod: IP."""
+    given = {}
+    for index, name in enumerate(sorted(pods(emulator))):
+        given[name] = ips[index % len(ips)]
+        await make_ready(emulator, name, ip=given[name])
     await api(emulator, "PATCH",
               f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}-router/status",
               {"status": {"readyReplicas": 1}})
+    return given
 
 
 async def patch_spec(emulator: Any, spec: dict[str, Any], generation: int) -> None:
@@ -95,7 +99,10 @@ async def test_create_builds_children(emulator, operator_factory):
         role = meta["labels"]["baton.dev/role"]
         container = pod["spec"]["containers"][0]
         args = container["args"]
-        assert args[:4] == ["baton", "worker", "--role", role]
+        assert args[:4] == ["baton", "worker", "--role", "$(BATON_ROLE)"]
+        role_env = next(e for e in container["env"] if e["name"] == "BATON_ROLE")
+        assert role_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['baton.dev/role']"
+        assert role in ("prefill", "decode")
         assert args[args.index("--host") + 1] == "0.0.0.0"
         assert args[args.index("--port") + 1] == "8100"
         assert args[args.index("--kv-port") + 1] == "8101"
@@ -113,7 +120,7 @@ async def test_create_builds_children(emulator, operator_factory):
     assert router["metadata"]["ownerReferences"][0]["uid"] == UID
     assert router["spec"]["template"]["spec"]["containers"][0]["args"] == [
         "baton", "router", "--host", "0.0.0.0", "--port", "8000", "--discovery", "kubernetes",
-        "--deployment", NAME]
+        "--deployment", NAME, "--model", "bundled", "--block-size", "16"]
     assert f"{NAME}-workers" in objects(emulator, "policy/v1/poddisruptionbudgets")
     policy = objects(emulator, "networking.k8s.io/v1/networkpolicies")[f"{NAME}-workers"]
     sources = [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]

@@ -14,9 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import kopf
+
 from . import labels
 from .kube import KubeApi
-from .planning import PodView, drain_expired, format_time
+from .planning import PodView, drain_expired, format_time, worker_url
 from .worker_client import WorkerClient, WorkerUnreachable
 
 log = logging.getLogger(__name__)
@@ -25,15 +27,35 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[str, str, bool], None]
 
 
+def event_sink(owner: dict[str, Any]) -> EventSink:
+    """Log and post Events on `owner`; posting is best effort, never a reason to stop."""
+    def emit(reason: str, message: str, warning: bool) -> None:
+        log.info("%s/%s %s: %s", owner["metadata"].get("namespace"), owner["metadata"]["name"],
+                 reason, message)
+        try:
+            (kopf.warn if warning else kopf.info)(owner, reason=reason, message=message)
+        except Exception:
+            log.debug("event not posted", exc_info=True)
+    return emit
+
+
 class PodActuator:
+    """peers: the decode workers a draining worker may migrate its sequences to (URLs)."""
+
     def __init__(self, api: KubeApi, workers: WorkerClient, namespace: str,
-                 drain_timeout: float, emit: EventSink, now: Callable[[], dt.datetime]) -> None:
+                 drain_timeout: float, emit: EventSink, now: Callable[[], dt.datetime],
+                 peers: list[str] | None = None) -> None:
         self.api = api
         self.workers = workers
         self.namespace = namespace
         self.drain_timeout = drain_timeout
         self.emit = emit
         self.now = now
+        self.peers = list(peers or [])
+
+    def _peers_of(self, pod: PodView) -> list[str]:
+        own = worker_url(pod.ip, self.workers.port) if pod.ip else None
+        return [url for url in self.peers if url != own]
 
     async def _relabel(self, pod: PodView, new_labels: dict[str, str],
                        notes: dict[str, Any] | None = None) -> None:
@@ -54,7 +76,7 @@ class PodActuator:
         await self._relabel(pod, {labels.STATE: labels.STATE_DRAINING}, notes)
         if pod.ip:
             try:
-                await self.workers.start_drain(pod.ip)
+                await self.workers.start_drain(pod.ip, self._peers_of(pod))
             except WorkerUnreachable as error:
                 log.warning("drain request to %s failed, will poll: %s", pod.name, error)
 
@@ -82,7 +104,7 @@ class PodActuator:
         # A worker that forgot (restarted) a drain is asked again; the call is idempotent.
         if state.state not in ("draining", "drained"):
             try:
-                await self.workers.start_drain(pod.ip)
+                await self.workers.start_drain(pod.ip, self._peers_of(pod))
             except WorkerUnreachable:
                 pass
         return False, f"{state.running} sequence(s) still running"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import kopf
+
+from .manifests.policy import PolicyPeers
 
 FINALIZER = "baton.dev/operator"
 
@@ -20,7 +22,8 @@ class OperatorConfig:
     busy_seconds: float = 2.0  # next pass while drains or conversions are in flight
     request_timeout: float = 30.0  # seconds per Kubernetes API call
     watch_timeout: int = 300  # server-side watch timeout; the client waits a bit longer
-    metrics_namespace: str | None = None  # may scrape worker /metrics through the policy
+    # besides router and workers, who may call workers: this operator, metrics scrapers
+    policy_peers: PolicyPeers = field(default_factory=PolicyPeers)
     allowed_host_paths: tuple[str, ...] = ()  # node folders a hostPath model may use; () = none
 
 

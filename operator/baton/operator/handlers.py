@@ -16,12 +16,13 @@ from typing import Any
 import kopf
 
 from baton.api import GROUP, PLURAL, VERSION
-from baton.autoscaler.daemon import register_autoscaler
 
 from . import labels
+from .autoscaling.daemon import register_autoscaler
 from .config import OperatorConfig, configure
 from .kube import KubeApi
 from .reconcile import Reconciler
+from .teardown import Teardown
 
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -121,8 +122,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="children")
     async def deleted(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
         owner = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                 "metadata": dict(body.get("metadata", {}))}
-        removed = await Reconciler(api.get(), config).delete_children(owner)
+                 "metadata": dict(body.get("metadata", {})), "spec": dict(body.get("spec", {}))}
+        teardown = Teardown(api.get(), config)
+        draining = await teardown.drain_workers(owner)
+        if draining:  # the finalizer holds the PDDeployment; kopf calls again after the delay
+            raise kopf.TemporaryError(f"waiting for {draining} worker pod(s) to drain",
+                                      delay=config.busy_seconds)
+        removed = await teardown.delete_children(owner)
         kopf.info(body, reason="Deleted", message=f"removed {removed} child object(s)")
         with contextlib.suppress(Exception):
             wakeups.forget(namespace, name)

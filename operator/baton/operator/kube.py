@@ -31,9 +31,23 @@ KINDS: dict[str, tuple[str, str]] = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
+    """The API server refused a request; the text says what was asked and why it refused."""
+
+    def __init__(self, status: int, message: str, doing: str = "") -> None:
+        super().__init__(f"{doing}: {message} (HTTP {status})" if doing else f"HTTP {status}: {message}")
         self.status = status
+        self.message = message
+
+
+def refusal_message(response: httpx.Response) -> str:
+    """The API server's own words: a Status object's message, else the body's start."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])[:500]
+    return response.text[:500] or response.reason_phrase
 
 
 def path_for(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -86,38 +100,46 @@ class KubeApi:
 
     async def _call(self, method: str, path: str, *, json: Any = None,
                     params: dict[str, str] | None = None, content_type: str | None = None,
-                    ok_missing: bool = False) -> dict[str, Any] | None:
+                    ok_missing: bool = False, doing: str = "") -> dict[str, Any] | None:
         response = await self._client.request(method, path, json=json, params=params,
                                               headers=self._headers(content_type))
         if response.status_code == 404 and ok_missing:
             return None
         if response.status_code >= 400:
-            raise ApiError(response.status_code, response.text[:500])
+            raise ApiError(response.status_code, refusal_message(response),
+                           doing or f"{method} {path}")
         return response.json() if response.content else {}
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._call("GET", path_for(kind, namespace, name), ok_missing=True)
+        return await self._call("GET", path_for(kind, namespace, name), ok_missing=True,
+                                doing=f"reading {kind} {namespace}/{name}")
 
     async def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         body = await self._call("GET", path_for(kind, namespace),
-                                params={"labelSelector": selector}, ok_missing=True)
+                                params={"labelSelector": selector}, ok_missing=True,
+                                doing=f"listing {kind} in {namespace}")
         # Filter here as well: cheap, and correct even against servers that ignore selectors.
         return [obj for obj in (body or {}).get("items", []) if _matches(obj, labels)]
 
     async def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        result = await self._call("POST", path_for(body["kind"], namespace), json=body)
+        name = body.get("metadata", {}).get("name", "")
+        result = await self._call("POST", path_for(body["kind"], namespace), json=body,
+                                  doing=f"creating {body['kind']} {namespace}/{name}")
         assert result is not None
         return result
 
     async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
                     sub: str | None = None) -> dict[str, Any] | None:
+        what = f"{kind} {namespace}/{name}" + (f" {sub}" if sub else "")
         return await self._call("PATCH", path_for(kind, namespace, name, sub), json=patch,
-                                content_type="application/merge-patch+json", ok_missing=True)
+                                content_type="application/merge-patch+json", ok_missing=True,
+                                doing=f"patching {what}")
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         await self._call("DELETE", path_for(kind, namespace, name), ok_missing=True,
-                         json={"propagationPolicy": "Background"})
+                         json={"propagationPolicy": "Background"},
+                         doing=f"deleting {kind} {namespace}/{name}")
 
     async def has_api(self, api_version: str) -> bool:
         """Whether the server serves a group version, e.g. monitoring.coreos.com/v1."""

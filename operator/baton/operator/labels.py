@@ -17,6 +17,10 @@ STATE_RESHARDING = "resharding"
 WORKER = "worker"
 ROUTER = "router"
 
+# The operator's own pods carry these (the chart's pod template): worker NetworkPolicies
+# admit them to port 8100.
+OPERATOR_POD = {"app.kubernetes.io/part-of": "baton", COMPONENT: "operator"}
+
 # Annotations on worker pods: progress of drains and conversions survives operator restarts.
 DRAIN_DEADLINE = "baton.dev/drain-deadline"
 CONVERSION_STARTED = "baton.dev/conversion-started"

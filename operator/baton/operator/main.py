@@ -10,6 +10,14 @@ import kopf
 
 from .config import OperatorConfig
 from .handlers import register
+from .manifests.policy import PolicyPeers
+
+
+def label_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,8 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="watch only this namespace (repeatable); default: all namespaces")
     parser.add_argument("--resync-seconds", type=float, default=30.0,
                         help="full reconcile pass period when nothing changes")
+    parser.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
+                        help="the namespace this operator runs in (default: $POD_NAMESPACE); "
+                        "worker NetworkPolicies admit its pods there")
     parser.add_argument("--metrics-namespace", default=os.environ.get("BATON_METRICS_NAMESPACE"),
-                        help="namespace allowed to scrape worker /metrics through the policy")
+                        help="namespace whose pods may scrape worker /metrics through the "
+                        "NetworkPolicy (with --metrics-pod-label: only those pods there)")
+    parser.add_argument("--metrics-pod-label", action="append", default=[], metavar="KEY=VALUE",
+                        type=label_pair, help="pods with this label (repeatable; in any "
+                        "namespace unless --metrics-namespace) may scrape worker /metrics")
     parser.add_argument("--liveness-port", type=int, default=8080,
                         help="port of kopf's liveness endpoint (/healthz)")
     parser.add_argument("--metrics-port", type=int, default=0,
@@ -29,10 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true")
 
 
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    peers = PolicyPeers(operator_namespace=args.operator_namespace or None,
+                        scraper_namespace=args.metrics_namespace or None,
+                        scraper_labels=dict(args.metrics_pod_label))
+    return OperatorConfig(resync_seconds=args.resync_seconds, policy_peers=peers,
+                          allowed_host_paths=tuple(args.allow_host_path))
+
+
 def run(args: argparse.Namespace) -> int:
-    config = OperatorConfig(resync_seconds=args.resync_seconds,
-                            metrics_namespace=args.metrics_namespace or None,
-                            allowed_host_paths=tuple(args.allow_host_path))
+    config = config_from_args(args)
     registry = kopf.OperatorRegistry()
     register(registry, config)
     kopf.configure(verbose=args.verbose)

@@ -136,14 +136,40 @@ def plan_pods(spec: PDDeploymentSpec, observed: list[PodView]) -> PodPlan:
             candidates = sorted((p for p in members if p.name not in converting), key=_removal_order)
             plan.start_removal.extend(candidates[: len(members) - wanted])
 
-    if not plan.in_flight:
-        # Roll outdated pods one at a time, and only while everything else is serving.
-        current = template_hash(spec)
-        stale = [p for p in kept if p.template_hash != current]
-        if stale and all(p.serving for p in kept):
-            plan.start_removal.append(sorted(stale, key=lambda p: p.name)[0])
+    stale = [p for p in kept if p.name not in converting and p.name not in _removal_names(plan)
+             and p.template_hash != template_hash(spec, p.role)]
+    # An outdated pod that does not serve (a broken image, a crash loop, still loading)
+    # holds nothing: replace it now, or a fix to the spec could never reach it.
+    plan.start_removal.extend(p for p in stale if not p.serving)
+    serving_stale = sorted((p for p in stale if p.serving), key=lambda p: p.name)
+    if serving_stale and not plan.in_flight and all(p.serving for p in kept):
+        # Roll serving pods one at a time, and only while everything else serves.
+        plan.start_removal.append(serving_stale[0])
     return plan
+
+
+def _removal_names(plan: PodPlan) -> set[str]:
+    return {p.name for p in plan.start_removal}
 
 
 def drain_expired(pod: PodView, now: dt.datetime) -> bool:
     return pod.drain_deadline is not None and now >= pod.drain_deadline
+
+
+def worker_url(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
+def migration_peers(pods: list[PodView], leaving: set[str], port: int) -> list[str]:
+    """Where a draining decode worker may move its running sequences: the decode workers
+    that serve and are not themselves leaving (draining, converting, removed)."""
+    return [worker_url(p.ip, port) for p in sorted(pods, key=lambda p: p.name)
+            if p.role == "decode" and p.serving and p.ip and not p.deleting
+            and p.name not in leaving]
+
+
+def leaving_pods(plan: PodPlan) -> set[str]:
+    """Pods the plan takes out of the decode pool's service: nobody migrates to them."""
+    return ({p.name for p in plan.start_removal} | {p.name for p in plan.removing}
+            | {p.name for p, _ in plan.convert} | {p.name for p in plan.delete_now})

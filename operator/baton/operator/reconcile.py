@@ -18,19 +18,21 @@ from baton.api import SpecProblem, parse_spec
 from baton.api.models import PDDeploymentSpec
 
 from . import admission, labels, status
-from .actuation import EventSink, PodActuator
+from .actuation import EventSink, PodActuator, event_sink
 from .config import OperatorConfig
-from .kube import KubeApi
+from .kube import ApiError, KubeApi
 from .manifests import names, policy, router, workers
-from .planning import POOL_ROLES, PodView, format_time, plan_pods
+from .planning import (
+    POOL_ROLES,
+    PodView,
+    format_time,
+    leaving_pods,
+    migration_peers,
+    plan_pods,
+)
 from .worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
-
-# Kinds deleted with the PDDeployment (ownerReferences do it too on a real cluster).
-CHILD_KINDS = ("Pod", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy",
-               "ServiceMonitor", "RoleBinding", "Role", "ServiceAccount", "Secret")
-
 
 def contains(actual: Any, wanted: Any) -> bool:
     """Whether `actual` already holds everything in `wanted` (the server may add more)."""
@@ -62,22 +64,12 @@ class Reconciler:
         self.config = config
         self.now = now
 
-    def _emitter(self, owner: dict[str, Any]) -> EventSink:
-        def emit(reason: str, message: str, warning: bool) -> None:
-            log.info("%s/%s %s: %s", owner["metadata"].get("namespace"),
-                     owner["metadata"]["name"], reason, message)
-            try:
-                (kopf.warn if warning else kopf.info)(owner, reason=reason, message=message)
-            except Exception:  # events are best effort, never a reason to stop
-                log.debug("event not posted", exc_info=True)
-        return emit
-
     async def reconcile(self, namespace: str, name: str) -> float:
         """Run one pass; return the seconds to wait before the next one."""
         owner = await self.api.get("PDDeployment", namespace, name)
         if owner is None or owner["metadata"].get("deletionTimestamp"):
             return self.config.resync_seconds
-        emit = self._emitter(owner)
+        emit = event_sink(owner)
         previous = owner.get("status") or {}
         generation = owner["metadata"].get("generation")
         try:
@@ -89,10 +81,17 @@ class Reconciler:
                 emit("InvalidSpec", str(problem), True)
             return self.config.resync_seconds
 
-        token = await self._ensure_secret(owner, emit)
-        await self._ensure_children(owner, spec, emit)
-        async with WorkerClient(token, self.config.worker_port, self.config.worker_timeout) as wc:
-            busy = await self._reconcile_pods(owner, spec, wc, emit)
+        try:
+            token = await self._ensure_secret(owner, emit)
+            await self._ensure_children(owner, spec, emit)
+            async with WorkerClient(token, self.config.worker_port, self.config.worker_timeout) as wc:
+                busy = await self._reconcile_pods(owner, spec, wc, emit)
+        except ApiError as error:
+            # Quota, admission, a bad quantity: the user must see it on the resource itself.
+            new = status.error_status(previous, generation, str(error), self._stamp())
+            if await self._write_status(namespace, name, previous, new):
+                emit("ReconcileError", str(error), True)
+            return self.config.busy_seconds * 5
 
         pods = [PodView.of(p) for p in await self._worker_pods(namespace, name)]
         plan = plan_pods(spec, pods)
@@ -141,7 +140,7 @@ class Reconciler:
             router.router_deployment(name, spec),
             router.router_service(name, spec),
             policy.worker_disruption_budget(name),
-            policy.worker_network_policy(name, self.config.metrics_namespace),
+            policy.worker_network_policy(name, self.config.policy_peers),
         ]
         if await self.api.has_api("monitoring.coreos.com/v1"):
             desired.append(policy.service_monitor(name))
@@ -161,7 +160,8 @@ class Reconciler:
         namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
         pods = [PodView.of(p) for p in await self._worker_pods(namespace, name)]
         plan = plan_pods(spec, pods)
-        act = PodActuator(self.api, wc, namespace, spec.drain_timeout_seconds, emit, self.now)
+        peers = migration_peers(pods, leaving_pods(plan), wc.port)
+        act = PodActuator(self.api, wc, namespace, spec.drain_timeout_seconds, emit, self.now, peers)
         for pod in plan.delete_now:
             await act.delete(pod, f"pod phase {pod.phase}")
         for role, count in plan.create.items():
@@ -175,19 +175,3 @@ class Reconciler:
         for pod in plan.removing:
             await act.continue_removal(pod)
         return plan.in_flight
-
-    async def delete_children(self, owner: dict[str, Any]) -> int:
-        """On PDDeployment deletion: remove everything labelled as belonging to it."""
-        namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
-        uid = owner["metadata"].get("uid")
-        removed = 0
-        for kind in CHILD_KINDS:
-            if kind == "ServiceMonitor" and not await self.api.has_api("monitoring.coreos.com/v1"):
-                continue
-            for child in await self.api.list(kind, namespace, {labels.DEPLOYMENT: name}):
-                refs = child["metadata"].get("ownerReferences") or []
-                if uid and refs and not any(r.get("uid") == uid for r in refs):
-                    continue  # same name, another owner: not ours to delete
-                await self.api.delete(kind, namespace, child["metadata"]["name"])
-                removed += 1
-        return removed

@@ -45,11 +45,25 @@ def invalid_spec_status(previous: dict[str, Any], generation: int | None, messag
     return {**_owned(previous), "observedGeneration": generation, "conditions": conditions}
 
 
+# Conditions an error pass writes when no earlier pass wrote them.
+_BEFORE_FIRST_PASS = {"Ready": ("False", "ReconcileError", "the last reconcile failed"),
+                      "Progressing": ("True", "Reconciling", "retrying"),
+                      "Scaling": ("False", "ReconcileError", "")}
+
+
 def error_status(previous: dict[str, Any], generation: int | None, message: str,
                  now: str) -> dict[str, Any]:
-    others = [c for c in previous.get("conditions") or [] if c.get("type") != "Degraded"]
-    updates = [(c["type"], c["status"], c.get("reason", ""), c.get("message", "")) for c in others]
-    updates.append(("Degraded", "True", "ReconcileError", message))
+    """Degraded with the API server's refusal; the other conditions stay as they were."""
+    by_type = {c.get("type"): c for c in previous.get("conditions") or []}
+    updates = []
+    for kind in ("Ready", "Progressing", "Degraded", "Scaling"):
+        if kind == "Degraded":
+            updates.append((kind, "True", "ReconcileError", message))
+        elif kind in by_type:
+            old = by_type[kind]
+            updates.append((kind, old["status"], old.get("reason", ""), old.get("message", "")))
+        else:
+            updates.append((kind, *_BEFORE_FIRST_PASS[kind]))
     conditions = set_conditions(previous.get("conditions") or [], updates, generation, now)
     return {**_owned(previous), "conditions": conditions}
 

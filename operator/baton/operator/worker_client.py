@@ -38,6 +38,10 @@ class WorkerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def port(self) -> int:
+        return self._port
+
     def _url(self, ip: str, path: str) -> str:
         host = f"[{ip}]" if ":" in ip else ip
         return f"http://{host}:{self._port}{path}"
@@ -54,8 +58,10 @@ class WorkerClient:
         except ValueError:
             return {}
 
-    async def start_drain(self, ip: str) -> None:
-        await self._request("POST", ip, "/internal/drain")
+    async def start_drain(self, ip: str, peers: list[str]) -> None:
+        """Ask the worker to drain; a decode worker migrates its running sequences to the
+        first of `peers` (worker base URLs) with room, and finishes the rest itself."""
+        await self._request("POST", ip, "/internal/drain", json={"peers": peers})
 
     async def drain_state(self, ip: str) -> DrainState:
         body = await self._request("GET", ip, "/internal/drain")

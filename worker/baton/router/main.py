@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kube-api", default=None, help="API server URL (default: in-cluster)")
     parser.add_argument("--worker-port", type=int, default=8100, help="workers' HTTP port (kubernetes)")
     parser.add_argument("--model", default=env("BATON_MODEL"),
-                        help="model path for the tokenizer (default: the bundled SmolLM2)")
+                        help="the workers' model, for its tokenizer: HF folder, .gguf file, or "
+                        "'bundled' (the default: the bundled SmolLM2)")
     parser.add_argument("--served-model-name", default=None, help="name clients send (default: the model's)")
     parser.add_argument("--block-size", type=int, default=int(env("BATON_BLOCK_SIZE", "16")),
                         help="the workers' KV block size (prefix hashes must match)")
@@ -47,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning")
 
 
+def model_path(value: str | None) -> str | None:
+    """`--model` as the worker reads it: 'bundled' (or nothing) is the bundled model."""
+    return None if value in (None, "", "bundled") else value
+
+
 def build_app(args: argparse.Namespace):
     from baton.router.app import RouterConfig, create_app
     from baton.router.discovery import KubernetesDiscovery, StaticDiscovery
@@ -64,7 +70,7 @@ def build_app(args: argparse.Namespace):
                                         worker_port=args.worker_port)
     else:
         raise SystemExit("give --workers URL,URL or --discovery kubernetes --deployment NAME")
-    model = load_model_info(args.model, args.served_model_name, args.max_model_len)
+    model = load_model_info(model_path(args.model), args.served_model_name, args.max_model_len)
     config = RouterConfig(
         block_size=args.block_size, api_key=args.api_key or None,
         internal_token=os.environ.get("BATON_INTERNAL_TOKEN"),

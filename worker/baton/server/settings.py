@@ -73,6 +73,12 @@ class WorkerSettings:
         return self.host
 
     @property
+    def url_host(self) -> str:
+        """`public_host` as it goes into a URL or an endpoint (an IPv6 address in brackets)."""
+        host = self.public_host
+        return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+    @property
     def receive_transport(self) -> str:
         return "tcp" if self.kv_transport == "auto" else self.kv_transport
 

@@ -50,7 +50,7 @@ class Worker:
 
     @property
     def url(self) -> str:
-        return f"http://{self.settings.public_host}:{self.settings.port}"
+        return f"http://{self.settings.url_host}:{self.settings.port}"
 
     async def start(self) -> None:
         s = self.settings
@@ -84,9 +84,7 @@ class Worker:
     def _advertised_kv_endpoint(self) -> str:
         if self.settings.receive_transport == "shm":
             return self.receiver.endpoint
-        host = self.settings.public_host
-        host = f"[{host}]" if ":" in host else host
-        return f"tcp://{host}:{self.receiver.port}"
+        return f"tcp://{self.settings.url_host}:{self.receiver.port}"
 
     async def stop(self) -> None:
         if self._janitor is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+from dataclasses import dataclass, field
 from typing import Any
 
 from baton.autoscaler.inputs import PolicyConfig
@@ -11,6 +12,8 @@ from baton.autoscaler.inputs import PolicyConfig
 from .. import labels
 from .names import router_service_name, secret_name, workers_policy_name
 from .workers import TOKEN_KEY
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by Kubernetes
 
 
 def internal_token_secret(deployment: str, token: str | None = None) -> dict[str, Any]:
@@ -49,23 +52,49 @@ def worker_disruption_budget(deployment: str) -> dict[str, Any]:
     }
 
 
-def worker_network_policy(deployment: str, metrics_namespace: str | None = None) -> dict[str, Any]:
-    """Worker ports are reachable only from this deployment's router and its other workers
-    (KV handoff, migrations); optionally /metrics from one monitoring namespace."""
-    ports = [{"protocol": "TCP", "port": labels.WORKER_PORT},
-             {"protocol": "TCP", "port": labels.KV_PORT}]
-    rules: list[dict[str, Any]] = [{
-        "from": [
-            {"podSelector": {"matchLabels": labels.selector(deployment, labels.ROUTER)}},
-            {"podSelector": {"matchLabels": labels.selector(deployment, labels.WORKER)}},
-        ],
-        "ports": ports,
-    }]
-    if metrics_namespace:
+@dataclass(frozen=True)
+class PolicyPeers:
+    """Who else may call worker port 8100 besides the deployment's own router and workers.
+
+    operator_namespace: where the operator runs (None: unknown, any namespace); its pods are
+    recognised by labels.OPERATOR_POD. Metrics scrapers: pods with `scraper_labels` in
+    `scraper_namespace`; either may be empty (any pod / any namespace), not both (nobody).
+    """
+
+    operator_namespace: str | None = None
+    scraper_namespace: str | None = None
+    scraper_labels: dict[str, str] = field(default_factory=dict)
+
+
+def _namespace_selector(namespace: str | None) -> dict[str, Any]:
+    return {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}} if namespace else {}
+
+
+def worker_network_policy(deployment: str, peers: PolicyPeers | None = None) -> dict[str, Any]:
+    """Worker ports 8100 and 8101 are reachable from this deployment's router and its other
+    workers (requests, KV handoff, migrations); port 8100 also from the operator (drain and
+    role calls, the controller's scrapes) and from metrics scrapers (/metrics)."""
+    peers = peers or PolicyPeers()
+    worker_port = [{"protocol": "TCP", "port": labels.WORKER_PORT}]
+    rules: list[dict[str, Any]] = [
+        {
+            "from": [
+                {"podSelector": {"matchLabels": labels.selector(deployment, labels.ROUTER)}},
+                {"podSelector": {"matchLabels": labels.selector(deployment, labels.WORKER)}},
+            ],
+            "ports": [*worker_port, {"protocol": "TCP", "port": labels.KV_PORT}],
+        },
+        {
+            "from": [{"namespaceSelector": _namespace_selector(peers.operator_namespace),
+                      "podSelector": {"matchLabels": dict(labels.OPERATOR_POD)}}],
+            "ports": worker_port,
+        },
+    ]
+    if peers.scraper_namespace or peers.scraper_labels:
         rules.append({
-            "from": [{"namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": metrics_namespace}}}],
-            "ports": [{"protocol": "TCP", "port": labels.WORKER_PORT}],
+            "from": [{"namespaceSelector": _namespace_selector(peers.scraper_namespace),
+                      "podSelector": {"matchLabels": dict(peers.scraper_labels)}}],
+            "ports": worker_port,
         })
     return {
         "apiVersion": "networking.k8s.io/v1",

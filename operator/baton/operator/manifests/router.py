@@ -8,7 +8,7 @@ from baton.api.models import PDDeploymentSpec
 
 from .. import labels
 from .names import pool_service_name, router_name, router_service_name
-from .workers import token_env
+from .workers import MODEL_VOLUME_MOUNT, model_argument, model_volume, token_env
 
 POOL_ROLES = ("prefill", "decode")
 
@@ -68,15 +68,26 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         "name": "router",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        # all addresses: the Service reaches the pod on its own IP, not on loopback
+        # all addresses: the Service reaches the pod on its own IP, not on loopback; the
+        # workers' model (its tokenizer) and block size (prefix hashes must match theirs)
         "args": ["baton", "router", "--host", "0.0.0.0", "--port", str(labels.ROUTER_PORT),
-                 "--discovery", "kubernetes", "--deployment", deployment],
+                 "--discovery", "kubernetes", "--deployment", deployment,
+                 "--model", model_argument(spec), "--block-size", str(spec.engine.block_size)],
         "ports": [{"name": "http", "containerPort": labels.ROUTER_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": resources,
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
     }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": router_name(deployment),
+        "enableServiceLinks": False,
+        "containers": [container],
+    }
+    volume = model_volume(spec)
+    if volume is not None:  # the router reads the tokenizer from the same folder as workers
+        pod_spec["volumes"] = [volume]
+        container["volumeMounts"] = [dict(MODEL_VOLUME_MOUNT)]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -87,11 +98,7 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
             "selector": {"matchLabels": labels.selector(deployment, labels.ROUTER)},
             "template": {
                 "metadata": {"labels": labels.common(deployment, labels.ROUTER)},
-                "spec": {
-                    "serviceAccountName": router_name(deployment),
-                    "enableServiceLinks": False,
-                    "containers": [container],
-                },
+                "spec": pod_spec,
             },
         },
     }

@@ -15,6 +15,7 @@ MODEL_MOUNT = "/models"
 TOKEN_KEY = "token"
 WORKER_UID = 10001  # the worker image's user (worker/Dockerfile)
 SCRATCH_MOUNT = "/tmp"  # the only writable folder: compiled kernels, caches, sockets
+MODEL_VOLUME_MOUNT = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
 
 
 def model_argument(spec: PDDeploymentSpec) -> str:
@@ -28,15 +29,25 @@ def model_argument(spec: PDDeploymentSpec) -> str:
     return f"{MODEL_MOUNT}/{(source.path or '').lstrip('/')}".rstrip("/")
 
 
-def worker_args(spec: PDDeploymentSpec, role: str) -> list[str]:
+ROLE_ENV = "BATON_ROLE"
+
+
+def worker_args(spec: PDDeploymentSpec) -> list[str]:
     engine = spec.engine
     return [
         "baton", "worker",
-        "--role", role,
+        # The role label, read at each container start: a converted pod that restarts comes
+        # back in the role its label says, not the one it was created with.
+        "--role", f"$({ROLE_ENV})",
         "--model", model_argument(spec),
         "--host", "0.0.0.0",
         "--port", str(labels.WORKER_PORT),
         "--kv-port", str(labels.KV_PORT),
+        # Tickets and migrations carry this address: the pod IP, which every pod can reach
+        # (the pod's hostname is its name, which cluster DNS does not resolve). The kubelet
+        # fills in $(VAR) from the container's environment (POD_IP, POD_NAME: downward API).
+        "--advertise-host", "$(POD_IP)",
+        "--worker-id", "$(POD_NAME)",
         "--dtype", engine.dtype,
         "--block-size", str(engine.block_size),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
@@ -44,17 +55,20 @@ def worker_args(spec: PDDeploymentSpec, role: str) -> list[str]:
     ]
 
 
-def template_hash(spec: PDDeploymentSpec) -> str:
-    """Hash of what a running pod cannot change in place; pools share it because a pod may
-    move between pools by role conversion without being stale."""
-    shared = {
+def template_hash(spec: PDDeploymentSpec, role: str) -> str:
+    """Hash of what a running pod of `role` cannot change in place: the image, model, engine
+    and KV settings every worker shares, and its pool's resources and placement. A pod that
+    converts into a pool that places or sizes pods differently is stale there, and rolled."""
+    pool = spec.prefill if role == "prefill" else spec.decode
+    fixed = {
         "image": spec.image,
         "pull": spec.image_pull_policy,
         "model": spec.model.model_dump(mode="json"),
         "engine": spec.engine.model_dump(mode="json"),
         "kv": spec.kv_transfer.model_dump(mode="json"),
+        "pool": pool.model_dump(mode="json", exclude={"replicas"}),
     }
-    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def token_env(deployment: str) -> dict[str, Any]:
@@ -68,7 +82,8 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _model_volume(spec: PDDeploymentSpec) -> dict[str, Any] | None:
+def model_volume(spec: PDDeploymentSpec) -> dict[str, Any] | None:
+    """The volume holding the weights (pvc, hostPath); None when they are in the image."""
     source = spec.model
     if source.source == "pvc":
         return {"name": "model", "persistentVolumeClaim": {"claimName": source.claim_name,
@@ -93,7 +108,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "name": "worker",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "args": worker_args(spec, role),
+        "args": worker_args(spec),
         "ports": [
             {"name": "http", "containerPort": labels.WORKER_PORT, "protocol": "TCP"},
             {"name": "kv", "containerPort": labels.KV_PORT, "protocol": "TCP"},
@@ -103,6 +118,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             _field_env("POD_IP", "status.podIP"),
+            _field_env(ROLE_ENV, f"metadata.labels['{labels.ROLE}']"),
             # Not worker flags in docs/contracts.md, so passed as environment.
             {"name": "BATON_KV_TRANSPORT", "value": spec.kv_transfer.transport},
             {"name": "BATON_KV_BANDWIDTH_GBPS", "value": str(spec.kv_transfer.bandwidth_gbps)},
@@ -128,10 +144,10 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "4Gi"}}],
     }
     container["volumeMounts"] = [{"name": "scratch", "mountPath": SCRATCH_MOUNT}]
-    volume = _model_volume(spec)
+    volume = model_volume(spec)
     if volume is not None:
         pod_spec["volumes"].append(volume)
-        container["volumeMounts"].append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+        container["volumeMounts"].append(dict(MODEL_VOLUME_MOUNT))
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
@@ -144,7 +160,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "metadata": {
             "name": pod_name,
             "labels": labels.worker(deployment, role),
-            "annotations": {labels.TEMPLATE_HASH: template_hash(spec)},
+            "annotations": {labels.TEMPLATE_HASH: template_hash(spec, role)},
         },
         "spec": pod_spec,
     }

@@ -16,19 +16,19 @@ import kopf
 
 from baton.api import GROUP, PLURAL, VERSION, SpecProblem, parse_spec
 from baton.api.models import Autoscaling
-from baton.operator import labels
-from baton.operator.config import OperatorConfig
-from baton.operator.kube import KubeApi
-from baton.operator.planning import PodView
+from baton.autoscaler.inputs import Action, Decision, Mode, PolicyConfig
+from baton.autoscaler.loop import Controller
+from baton.autoscaler.metrics import MetricsSource
+from baton.autoscaler.metrics_prometheus import PrometheusSource
+from baton.autoscaler.metrics_scrape import ScrapeSource
+from baton.autoscaler.policy import SizingPolicy
+from baton.autoscaler.promql import deployment_matchers
 
-from .inputs import Action, Decision, Mode, PolicyConfig
-from .kube_actuator import KubernetesActuator
-from .loop import Controller
-from .metrics import MetricsSource
-from .metrics_prometheus import PrometheusSource
-from .metrics_scrape import ScrapeSource
-from .policy import SizingPolicy
-from .promql import deployment_matchers
+from .. import labels
+from ..config import OperatorConfig
+from ..kube import KubeApi
+from ..planning import PodView
+from .actuator import KubernetesActuator
 
 log = logging.getLogger(__name__)
 

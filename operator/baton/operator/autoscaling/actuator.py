@@ -14,14 +14,14 @@ from typing import Any
 
 from baton.api import SpecProblem, parse_spec
 from baton.api.models import PDDeploymentSpec
-from baton.operator import labels
-from baton.operator.kube import ApiError, KubeApi
-from baton.operator.manifests.names import workers_policy_name
-from baton.operator.planning import PodView, parse_time
+from baton.autoscaler.actuator import ActuationError
+from baton.autoscaler.estimate import ConversionTimes, PoolState
+from baton.autoscaler.inputs import Action, Decision
 
-from .actuator import ActuationError
-from .estimate import ConversionTimes, PoolState
-from .inputs import Action, Decision
+from .. import labels
+from ..kube import ApiError, KubeApi
+from ..manifests.names import workers_policy_name
+from ..planning import PodView, parse_time
 
 SOURCE_ROLE = {Action.CONVERT_DECODE_TO_PREFILL: "decode",
                Action.CONVERT_PREFILL_TO_DECODE: "prefill"}
