@@ -72,6 +72,7 @@ class Cluster:
         self.admin_token = secrets.token_urlsafe(24)
         self.tokens = {self.admin_token: "kubernetes-admin"}
         self.api = ApiServer(self.store, self.tokens)
+        self.block = block
         self.pods, services = ipam.cluster_pools(block)
         hooks = allocate_cluster_ips(services)
         self.store.on_create.append(hooks[0])
@@ -114,7 +115,7 @@ class Cluster:
                                     self.helm_values)
         info = {"server": server, "kubeconfig": str(self.kubeconfig),
                 "prometheus": self.prometheus.url, "state_dir": str(self.dir),
-                "pod_ips": "127.0.%d-%d.x" % (32 * 1, 32 * 1 + 15)}
+                "pod_ips": f"127.0.{32 * self.block}.1 - 127.0.{32 * self.block + 15}.254"}
         (self.dir / "cluster.json").write_text(json.dumps(info, indent=2))
         return info
 
