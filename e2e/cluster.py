@@ -52,7 +52,7 @@ def allocate_cluster_ips(pool: ipam.AddressPool) -> tuple[Any, Any]:
     def on_create(res: Any, obj: dict[str, Any]) -> None:
         spec = obj.get("spec") or {}
         if res.kind == "Service" and spec.get("type", "ClusterIP") != "ExternalName" \
-                and spec.get("clusterIP") != "None":
+                and not spec.get("clusterIP"):
             spec["clusterIP"] = pool.allocate()
             spec["clusterIPs"] = [spec["clusterIP"]]
 
@@ -74,6 +74,7 @@ class Cluster:
         self.api = ApiServer(self.store, self.tokens)
         self.block = block
         self.pods, services = ipam.cluster_pools(block)
+        self.api_ip = services.allocate()  # the `kubernetes` Service: the API server, port 443
         hooks = allocate_cluster_ips(services)
         self.store.on_create.append(hooks[0])
         self.store.on_delete.append(hooks[1])
@@ -84,8 +85,11 @@ class Cluster:
         self.routers: dict[str, str] = {}
 
     async def start(self) -> dict[str, Any]:
-        ca, crt, key = make_certificates(self.dir / "pki", "127.0.0.1")
-        port = await self.api.start("127.0.0.1", free_port("127.0.0.1"), server_context(crt, key))
+        ca, crt, key = make_certificates(self.dir / "pki", ["127.0.0.1", self.api_ip])
+        context = server_context(crt, key)
+        port = await self.api.start("127.0.0.1", free_port("127.0.0.1"), context)
+        await self.api.listen(self.api_ip, 443, context)
+        self._kubernetes_service(port)
         server = f"https://127.0.0.1:{port}"
         self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         self.kubeconfig.write_text(render(server, ca, self.admin_token))
@@ -93,7 +97,7 @@ class Cluster:
         self.store.create(crds, None, SERVICE_MONITOR_CRD)  # as kube-prometheus-stack would
         self.agent = NodeAgent(self.store, NODE, self.pods, self.dir, images(
             ROOT / ".venv", ROOT / ".venv-operator"), ROOT / "e2e" / ".build" / "podnet.so",
-            "127.0.0.1", port, ca, self.tokens, backoff_base=self.backoff)
+            self.api_ip, 443, ca, self.tokens, backoff_base=self.backoff)
         await self.prometheus.start()
         watched_all = {("", "pods"), ("", "services"), ("apps", "deployments"), ("", "endpoints"),
                        ("monitoring.coreos.com", "servicemonitors")}
@@ -118,6 +122,16 @@ class Cluster:
                 "pod_ips": f"127.0.{32 * self.block}.1 - 127.0.{32 * self.block + 15}.254"}
         (self.dir / "cluster.json").write_text(json.dumps(info, indent=2))
         return info
+
+    def _kubernetes_service(self, port: int) -> None:
+        """default/kubernetes, as every cluster has it: in-cluster clients find the API here."""
+        services = self.store.resource("", "v1", "services")
+        self.store.create(services, "default", {"metadata": {"name": "kubernetes", "labels": {
+            "component": "apiserver", "provider": "kubernetes"}}, "spec": {
+            "clusterIP": self.api_ip, "ports": [{"name": "https", "port": 443, "targetPort": port}]}})
+        self.store.create(self.store.resource("", "v1", "endpoints"), "default", {
+            "metadata": {"name": "kubernetes"},
+            "subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"name": "https", "port": port}]}]})
 
     def _announce_routers(self) -> None:
         """Print each router Service's address once its pod is ready (the URL people use)."""

@@ -10,13 +10,17 @@ import ssl
 import subprocess
 from pathlib import Path
 
+# The names in-cluster clients use for the API server (kopf: https://kubernetes.default.svc).
+API_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+             "kubernetes.default.svc.cluster.local", "localhost")
+
 
 def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
-def make_certificates(folder: Path, ip: str) -> tuple[Path, Path, Path]:
-    """Write ca.crt, server.crt and server.key (for `ip`) into `folder`; return their paths."""
+def make_certificates(folder: Path, ips: list[str]) -> tuple[Path, Path, Path]:
+    """Write ca.crt, server.crt and server.key (for `ips`) into `folder`; return their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_key, ca, key, csr, crt = (folder / n for n in
                                  ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt"))
@@ -27,8 +31,8 @@ def make_certificates(folder: Path, ip: str) -> tuple[Path, Path, Path]:
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
              "-subj", "/CN=kube-apiserver")
     extensions = folder / "server.ext"
-    extensions.write_text(f"subjectAltName=IP:{ip},DNS:kubernetes,DNS:kubernetes.default,"
-                          "DNS:localhost\nbasicConstraints=CA:FALSE\n"
+    names = ",".join([f"IP:{ip}" for ip in ips] + [f"DNS:{n}" for n in API_NAMES])
+    extensions.write_text(f"subjectAltName={names}\nbasicConstraints=CA:FALSE\n"
                           "keyUsage=critical,digitalSignature,keyEncipherment\n"
                           "extendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),

@@ -95,6 +95,11 @@ class ApiServer:
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2)
         await self._runner.setup()
+        return await self.listen(host, port, ssl_context)
+
+    async def listen(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        """Serve on one more address (the `kubernetes` Service's, for in-cluster clients)."""
+        assert self._runner is not None
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
         await site.start()
         return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

@@ -233,10 +233,13 @@ class PodRunner:
             sa_dir = None
             if podspec.automounts_token(self.pod, account):
                 sa_dir = str(self.agent.service_account_dir(self.pod, self.dir / "serviceaccount"))
+            hosts = self.dir / "hosts"
+            hosts.write_text(podspec.hosts_text(self.ip or "", self.name, self.agent.api_host))
             ctx = PodContext(pod_ip=self.ip or "", node_name=self.agent.name, host_ip="127.0.0.1",
                              api_host=self.agent.api_host, api_port=self.agent.api_port,
                              secrets=data("secrets"), config_maps=data("configmaps"),
-                             volume_dirs=volumes, service_account_dir=sa_dir)
+                             volume_dirs=volumes, service_account_dir=sa_dir,
+                             hosts_file=str(hosts))
             return podspec.container_process(self.pod, container, image, ctx)
         return build
 

@@ -64,6 +64,7 @@ class PodContext:
     config_maps: dict[str, dict[str, str]]
     volume_dirs: dict[str, str]  # volume name -> host folder prepared for it
     service_account_dir: str | None  # host folder with token, ca.crt, namespace; None: no mount
+    hosts_file: str | None = None  # the pod's /etc/hosts (see hosts_text)
 
 
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -175,7 +176,18 @@ def mounts(pod: dict[str, Any], container: dict[str, Any], ctx: PodContext) -> l
     if ctx.service_account_dir is not None and not any(
             m.target == SERVICE_ACCOUNT_DIR for m in out):
         out.append(Mount(ctx.service_account_dir, SERVICE_ACCOUNT_DIR, True))
+    if ctx.hosts_file is not None and not any(m.target == "/etc/hosts" for m in out):
+        out.append(Mount(ctx.hosts_file, "/etc/hosts", True))
     return out
+
+
+def hosts_text(pod_ip: str, pod_name: str, api_ip: str) -> str:
+    """The pod's /etc/hosts: what the kubelet writes, plus the API server's Service names
+    (the one lookup in-cluster clients make: kopf dials https://kubernetes.default.svc)."""
+    names = " ".join(("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                      "kubernetes.default.svc.cluster.local"))
+    return (f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"{pod_ip}\t{pod_name}\n{api_ip}\t{names}\n")
 
 
 def automounts_token(pod: dict[str, Any], service_account: dict[str, Any] | None) -> bool:

@@ -58,7 +58,8 @@ def _prepare(mounts: list[Mount], working_dir: str | None) -> Callable[[], None]
             _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private /")
             for mount in ordered(mounts):
                 target = mount.target.encode()
-                os.makedirs(mount.target, exist_ok=True)
+                if not os.path.exists(mount.target):
+                    os.makedirs(mount.target)
                 _check(_libc.mount(mount.source.encode(), target, None, MS_BIND | MS_REC, None),
                        f"bind {mount.target}")
                 if mount.read_only:
