@@ -45,6 +45,7 @@ class NodeAgent:
         return self.state_dir / "flows" / f"{ip}.log"
 
     async def run(self) -> None:
+        (self.state_dir / "flows").mkdir(parents=True, exist_ok=True)
         self._register_node()
         self.store.listeners.append(self._on_event)
         for pod in self.store.list(self._pods, None):
