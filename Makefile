@@ -47,11 +47,15 @@ $(OPERATOR_ENV)/.installed: operator/Dockerfile pyproject.toml e2e/envs.py | ins
 $(HELM_ENV)/.installed: e2e/envs.py | install
 	$(BIN)/python -m e2e.envs helm $(HELM_ENV)
 
+$(VENV)/.e2e-installed: e2e/requirements.txt | install
+	$(BIN)/pip install --quiet -r e2e/requirements.txt
+	touch $@
+
 $(PODNET): e2e/node/podnet.c
 	mkdir -p $(dir $@)
 	cc -shared -fPIC -O2 -Wall -Wextra -o $@ $< -ldl
 
-e2e-envs: install $(OPERATOR_ENV)/.installed $(HELM_ENV)/.installed $(PODNET)
+e2e-envs: install $(VENV)/.e2e-installed $(OPERATOR_ENV)/.installed $(HELM_ENV)/.installed $(PODNET)
 
 # Start the local cluster and keep it up until Ctrl-C.
 cluster: e2e-envs

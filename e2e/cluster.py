@@ -71,7 +71,7 @@ class Cluster:
         self.store = Store()
         self.admin_token = secrets.token_urlsafe(24)
         self.tokens = {self.admin_token: "kubernetes-admin"}
-        self.api = ApiServer(self.store, self.tokens)
+        self.api = ApiServer(self.store, self.tokens, state_dir / "requests.jsonl")
         self.block = block
         self.pods, services = ipam.cluster_pools(block)
         self.api_ip = services.allocate()  # the `kubernetes` Service: the API server, port 443

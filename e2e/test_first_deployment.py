@@ -132,3 +132,34 @@ def test_long_prompt_hands_the_kv_cache_over_between_pod_addresses(cluster, clie
     # the prefill worker reached the decode worker's KV port on the decode pod's address
     flows = (cluster.dir / "state" / "flows" / f"{prefill_ip}.log").read_text().splitlines()
     assert f"{decode_ip} 8101" in flows
+
+
+def test_every_request_of_the_operator_and_router_is_allowed_by_rbac(cluster, tiny):
+    from e2e import rbac, recorded
+
+    log = recorded.requests(cluster)
+    users = {r["user"] for r in log if r["user"].startswith("system:serviceaccount:")}
+    operator = "system:serviceaccount:baton-system:baton"
+    router = f"system:serviceaccount:default:{tiny}-router"
+    assert {operator, router} <= users
+    assert {r["verb"] for r in log if r["user"] == router} >= {"list", "watch"}
+    assert rbac.refused(log, recorded.rbac_objects(cluster), users) == []
+
+
+@pytest.mark.parametrize("version", ["1.28", "latest"])
+def test_objects_validate_against_the_kubernetes_schemas(cluster, tiny, version):
+    import kubernetes_validate
+
+    from e2e import recorded
+
+    version = kubernetes_validate.latest_version() if version == "latest" else version
+    checked, problems = set(), []
+    for obj in recorded.objects(cluster, ("default", "baton-system")):
+        try:
+            kubernetes_validate.validate(recorded.as_written(obj), version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            problems.append(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+        checked.add(obj["kind"])
+    assert not problems, "\n".join(problems)
+    assert {"Pod", "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget", "Role",
+            "ClusterRole", "Secret"} <= checked

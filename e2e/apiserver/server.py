@@ -7,10 +7,12 @@ afterwards whether the chart's rules allow what each component really did.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -78,8 +80,9 @@ def _verb(method: str, target: Target, watch: bool) -> str:
 
 
 class ApiServer:
-    def __init__(self, store: Store, tokens: dict[str, str]) -> None:
+    def __init__(self, store: Store, tokens: dict[str, str], log_path: Path | None = None) -> None:
         self.store = store
+        self.log_path = log_path  # every request, one JSON line each, for the RBAC check
         self.tokens = tokens  # bearer token -> user name ("system:serviceaccount:NS:NAME", ...)
         self.requests: list[RequestRecord] = []
         self._runner: web.AppRunner | None = None
@@ -126,6 +129,9 @@ class ApiServer:
             return self._discovery(request)
         watch = request.query.get("watch") in ("true", "1")
         verb = _verb(request.method, target, watch)
+        if watch:  # a watch lasts minutes: record it when it opens
+            self._record(RequestRecord(user, verb, target.group, target.plural, "",
+                                       target.namespace or "", "", 200))
         try:
             response = await self._serve(request, target, watch)
             code = response.status
@@ -134,10 +140,17 @@ class ApiServer:
         except (ValueError, json.JSONDecodeError) as e:
             error = errors.bad_request(str(e))
             response, code = web.json_response(error.status(), status=400), 400
-        self.requests.append(RequestRecord(user, verb, target.group, target.plural,
-                                           target.subresource or "", target.namespace or "",
-                                           target.name or "", code))
+        if not watch:
+            self._record(RequestRecord(user, verb, target.group, target.plural,
+                                       target.subresource or "", target.namespace or "",
+                                       target.name or "", code))
         return response
+
+    def _record(self, record: RequestRecord) -> None:
+        self.requests.append(record)
+        if self.log_path is not None:
+            with open(self.log_path, "a") as log:
+                log.write(json.dumps(dataclasses.asdict(record)) + "\n")
 
     def _discovery(self, request: web.Request) -> web.StreamResponse:
         served = self.store.served()
