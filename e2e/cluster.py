@@ -36,13 +36,22 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE_TAG = "0.1.0"
 RELEASE, RELEASE_NAMESPACE = "baton", "baton-system"
 NODE = "baton-e2e-node"
+# Prometheus runs beside the cluster; the NetworkPolicy check treats it as the pod that
+# kube-prometheus-stack would run: this namespace, these labels (the chart's defaults).
+PROMETHEUS_NAMESPACE = "monitoring"
+PROMETHEUS_LABELS = {"app.kubernetes.io/name": "prometheus"}
 log = logging.getLogger("e2e.cluster")
 
 
+# The worker image is also held under a second tag, so a scenario can roll to a new image.
+NEXT_TAG = f"{IMAGE_TAG}-next"
+
+
 def images(worker_env: Path, operator_env: Path) -> dict[str, Any]:
+    worker = ROOT / "worker" / "Dockerfile"
     return {
-        f"baton-worker:{IMAGE_TAG}": image_from(f"baton-worker:{IMAGE_TAG}", worker_env,
-                                                ROOT / "worker" / "Dockerfile"),
+        f"baton-worker:{IMAGE_TAG}": image_from(f"baton-worker:{IMAGE_TAG}", worker_env, worker),
+        f"baton-worker:{NEXT_TAG}": image_from(f"baton-worker:{NEXT_TAG}", worker_env, worker),
         f"baton-operator:{IMAGE_TAG}": image_from(f"baton-operator:{IMAGE_TAG}", operator_env,
                                                   ROOT / "operator" / "Dockerfile"),
     }
@@ -95,6 +104,8 @@ class Cluster:
         self.kubeconfig.write_text(render(server, ca, self.admin_token))
         crds = self.store.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
         self.store.create(crds, None, SERVICE_MONITOR_CRD)  # as kube-prometheus-stack would
+        namespaces = self.store.resource("", "v1", "namespaces")
+        self.store.create(namespaces, None, {"metadata": {"name": PROMETHEUS_NAMESPACE}})
         self.agent = NodeAgent(self.store, NODE, self.pods, self.dir, images(
             ROOT / ".venv", ROOT / ".venv-operator"), ROOT / "e2e" / ".build" / "podnet.so",
             self.api_ip, 443, ca, self.tokens, backoff_base=self.backoff)
@@ -158,7 +169,9 @@ class Cluster:
 async def up(args: argparse.Namespace) -> int:
     state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="baton-e2e-", dir="/var/tmp"))
     state.mkdir(parents=True, exist_ok=True)
-    values: dict[str, Any] = {"operator": {"resyncSeconds": 10, "metricsNamespace": "monitoring"}}
+    values: dict[str, Any] = {"operator": {"resyncSeconds": 10,
+                                           "metricsNamespace": PROMETHEUS_NAMESPACE,
+                                           "metricsPodLabels": PROMETHEUS_LABELS}}
     if args.allow_host_path:
         values["operator"]["allowedHostPaths"] = args.allow_host_path
     cluster = Cluster(state, Path(args.kubeconfig).resolve(), args.block, not args.no_operator,

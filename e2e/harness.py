@@ -114,3 +114,23 @@ def metric(text: str, name: str, **labels: str) -> float:
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(found.group(2))
     return total
+
+
+def pods(cluster: ClusterProcess, selector: str) -> list[dict[str, Any]]:
+    return cluster.get("pods", "-l", selector)["items"]
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+def router_url(cluster: ClusterProcess, deployment: str) -> str:
+    """The router Service's ready address (what a cluster's Service IP would forward to)."""
+    subset = cluster.get("endpoints", deployment)["subsets"][0]
+    return f"http://{subset['addresses'][0]['ip']}:{subset['ports'][0]['port']}"
+
+
+def pod_folder(cluster: ClusterProcess, pod: dict[str, Any]) -> Path:
+    meta = pod["metadata"]
+    return cluster.dir / "state" / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"

@@ -40,6 +40,9 @@ def apply(kind: str, obj: dict[str, Any]) -> None:
         for port in spec.get("ports") or []:
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
+    elif kind == "Namespace":  # as the API server labels every namespace since 1.21
+        labels = obj["metadata"].setdefault("labels", {})
+        labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
     elif kind == "CustomResourceDefinition":
         names = obj.get("spec", {}).get("names", {})
         obj["status"] = {"acceptedNames": names, "storedVersions": [

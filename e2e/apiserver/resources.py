@@ -23,6 +23,7 @@ class Resource:
     printer_columns: tuple[dict[str, Any], ...] = ()
     categories: tuple[str, ...] = ()
     singular: str = field(default="")
+    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def api_version(self) -> str:
@@ -86,7 +87,8 @@ def from_crd(crd: dict[str, Any]) -> list[Resource]:
             short_names=tuple(names.get("shortNames") or ()), subresources=subs,
             printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
             categories=tuple(names.get("categories") or ()),
-            singular=names.get("singular") or names["kind"].lower()))
+            singular=names.get("singular") or names["kind"].lower(),
+            schema=(version.get("schema") or {}).get("openAPIV3Schema")))
     return out
 
 

@@ -204,7 +204,8 @@ class ApiServer:
             return self._respond(request, res, items, single=False)
         body = await self._body(request)
         if request.method == "POST" and not target.name:
-            return web.json_response(self.store.create(res, namespace, body), status=201)
+            dry_run = query.get("dryRun") == "All"
+            return web.json_response(self.store.create(res, namespace, body, dry_run), status=201)
         if request.method == "PUT" and target.name:
             return web.json_response(self.store.replace(res, namespace, target.name, body,
                                                         target.subresource))

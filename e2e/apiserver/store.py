@@ -123,7 +123,19 @@ class Store:
         for listener in list(self.listeners):
             listener(res, event)
 
-    def create(self, res: Resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    def _admit(self, res: Resource, obj: dict[str, Any], strict: bool) -> dict[str, Any]:
+        """A custom resource is defaulted and checked against its CRD's schema and CEL rules."""
+        if res.schema is None:
+            return obj
+        from . import crvalidation  # jsonschema and cel-python: the e2e's requirements
+
+        try:
+            return crvalidation.validate(obj, res.schema, strict)
+        except ValueError as e:
+            raise errors.invalid(f"{res.kind}", obj.get("metadata", {}).get("name", ""), str(e)) from e
+
+    def create(self, res: Resource, namespace: str | None, body: dict[str, Any],
+               dry_run: bool = False) -> dict[str, Any]:
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if res.namespaced:
@@ -152,6 +164,9 @@ class Store:
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         if "status" in res.subresources:
             obj.pop("status", None)
+        obj = self._admit(res, obj, strict=True)
+        if dry_run:
+            return self._view(res, obj)
         defaults.apply(res.kind, obj)
         for hook in self.on_create:
             hook(res, obj)
@@ -195,6 +210,8 @@ class Store:
             else:
                 meta.pop(field, None)
         merged["apiVersion"], merged["kind"] = res.api_version, res.kind
+        merged = self._admit(res, merged, strict=False)
+        meta = merged["metadata"]
         if not subresource and _spec_of(merged) != _spec_of(old):
             meta["generation"] = old["metadata"].get("generation", 1) + 1
         if merged == {**old, "apiVersion": res.api_version, "kind": res.kind}:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -147,6 +148,12 @@ class PodRunner:
 
     async def run(self) -> None:
         self.ip = self.agent.pool.allocate()
+        with open(self.agent.state_dir / "pods.jsonl", "a") as record:  # who had which address
+            meta = self.pod["metadata"]
+            ports = {p["name"]: p["containerPort"] for c in self.pod["spec"].get("containers") or []
+                     for p in c.get("ports") or [] if p.get("name")}
+            record.write(json.dumps({"ip": self.ip, "namespace": self.namespace, "name": self.name,
+                                     "labels": meta.get("labels") or {}, "ports": ports}) + "\n")
         self._report()
         volumes = await self._volumes()
         if volumes is None:

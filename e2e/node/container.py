@@ -108,6 +108,7 @@ class ContainerRunner:
         except OSError as e:
             self._set(state={"waiting": {"reason": "RunContainerError", "message": str(e)}})
             return 128, "StartError"
+        self.log_path.with_suffix(".pid").write_text(str(self.process.pid))
         self._set(state={"running": {"startedAt": now_iso()}}, ready=False, started=False)
         prober = asyncio.create_task(self._probe(spec))
         waiter = asyncio.create_task(self.process.wait())

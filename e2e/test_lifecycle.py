@@ -1,0 +1,155 @@
+"""What happens to a running PDDeployment: a crash, an image edit (from a broken image back),
+deletion; then every connection that happened is checked against its NetworkPolicies.
+
+Runs on the `tiny` deployment the first scenario left serving (modules run in file order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import httpx
+import openai
+import pytest
+
+from e2e.cluster import NEXT_TAG
+from e2e.harness import is_ready, pod_folder, pods, router_url, wait_for
+from e2e.netpol import Endpoint, admitted
+
+pytestmark = pytest.mark.slow
+DEPLOYMENT = "tiny"
+WORKERS = f"baton.dev/deployment={DEPLOYMENT},app.kubernetes.io/component=worker"
+
+
+def serves(cluster) -> bool:
+    client = openai.OpenAI(base_url=f"{router_url(cluster, DEPLOYMENT)}/v1", api_key="none",
+                           max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    done = client.completions.create(model=model, prompt="The sky is", max_tokens=4, temperature=0)
+    return bool(done.choices[0].text)
+
+
+@pytest.fixture(scope="module")
+def policies(cluster):
+    """The deployment's NetworkPolicies while it exists (deletion removes them)."""
+    cluster.get("pdd", DEPLOYMENT)  # the first scenario left it running
+    found = cluster.get("networkpolicies", "-A")["items"]
+    assert found, "the operator wrote no NetworkPolicy"
+    return found
+
+
+def test_a_killed_worker_is_restarted_in_its_role(cluster, policies):
+    (pod,) = pods(cluster, f"{WORKERS},baton.dev/role=decode")
+    pid = int((pod_folder(cluster, pod) / "worker.pid").read_text())
+    os.killpg(pid, signal.SIGKILL)  # the container crashes
+
+    def back():
+        (now,) = pods(cluster, f"{WORKERS},baton.dev/role=decode")
+        status = now["status"]["containerStatuses"][0]
+        return now if status["restartCount"] >= 1 and is_ready(now) else None
+    restarted = wait_for(back, 300, "the decode worker to restart and be Ready again", every=2)
+    assert restarted["metadata"]["name"] == pod["metadata"]["name"]
+    assert restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] != 0
+    ip = restarted["status"]["podIP"]
+    assert httpx.get(f"http://{ip}:8100/ready", timeout=10).json()["role"] == "decode"
+    wait_for(lambda: serves(cluster), 120, "the router to serve again")
+
+
+def test_editing_the_image_rolls_pods_even_from_a_broken_one(cluster, policies):
+    before = {p["metadata"]["name"] for p in pods(cluster, WORKERS)}
+    cluster.kubectl("patch", "pdd", DEPLOYMENT, "--type=merge", "-p",
+                    json.dumps({"spec": {"image": "baton-worker:no-such-tag"}}))
+
+    def pulling():
+        broken = [p for p in pods(cluster, WORKERS) if p["spec"]["containers"][0]["image"]
+                  == "baton-worker:no-such-tag"]
+        reasons = {(c.get("state", {}).get("waiting") or {}).get("reason")
+                   for p in broken for c in p.get("status", {}).get("containerStatuses", [])}
+        return broken if reasons & {"ErrImagePull", "ImagePullBackOff"} else None
+    wait_for(pulling, 120, "a worker pod on the broken image to fail pulling it", every=2)
+    assert serves(cluster)  # the pods on the old image keep serving meanwhile
+    cluster.kubectl("patch", "pdd", DEPLOYMENT, "--type=merge", "-p",
+                    json.dumps({"spec": {"image": f"baton-worker:{NEXT_TAG}"}}))
+
+    def rolled():
+        now = pods(cluster, WORKERS)
+        images = {p["spec"]["containers"][0]["image"] for p in now}
+        return (now if len(now) == 2 and images == {f"baton-worker:{NEXT_TAG}"}
+                and all(map(is_ready, now)) else None)
+    try:
+        after = wait_for(rolled, 480, "two Ready workers on the new image", every=3)
+    except AssertionError:
+        raise AssertionError(cluster.kubectl("get", "pods", "-o", "wide")) from None
+    assert not before & {p["metadata"]["name"] for p in after}  # every worker was replaced
+    (router,) = pods(cluster, f"baton.dev/deployment={DEPLOYMENT},app.kubernetes.io/component=router")
+    assert router["spec"]["containers"][0]["image"] == f"baton-worker:{NEXT_TAG}"
+    wait_for(lambda: serves(cluster), 180, "the router to serve on the new pods")
+
+
+def test_deleting_the_pddeployment_drains_and_removes_everything(cluster, policies):
+    workers = pods(cluster, WORKERS)
+    cluster.kubectl("delete", "pdd", DEPLOYMENT, "--wait=true", "--timeout=300s", timeout=320)
+
+    def gone():
+        left = [f"{kind}/{o['metadata']['name']}" for kind in
+                ("pods", "services", "deployments", "secrets", "serviceaccounts", "roles",
+                 "rolebindings", "networkpolicies", "poddisruptionbudgets", "servicemonitors")
+                for o in cluster.get(kind)["items"]
+                if (o["metadata"].get("labels") or {}).get("baton.dev/deployment") == DEPLOYMENT]
+        return not left or None
+    wait_for(gone, 120, "every object of the deployment to be removed")
+    # the operator drained each worker before removing it: it called the worker's port 8100
+    operator_ip = pods_of_operator(cluster)
+    flows = (cluster.dir / "state" / "flows" / f"{operator_ip}.log").read_text().splitlines()
+    for worker in workers:
+        assert f"{worker['status']['podIP']} 8100" in flows
+
+
+def pods_of_operator(cluster) -> str:
+    (operator,) = cluster.get("pods", "-n", "baton-system")["items"]
+    return operator["status"]["podIP"]
+
+
+def recorded_endpoints(cluster) -> dict[str, Endpoint]:
+    out = {}
+    for line in (cluster.dir / "state" / "pods.jsonl").read_text().splitlines():
+        pod = json.loads(line)
+        out[pod["ip"]] = Endpoint(pod["namespace"], pod["labels"], pod["ip"], pod["ports"])
+    return out
+
+
+def test_every_flow_that_happened_is_admitted_by_the_network_policies(cluster, policies):
+    from e2e.cluster import PROMETHEUS_LABELS, PROMETHEUS_NAMESPACE
+
+    endpoints = recorded_endpoints(cluster)
+    flows = []
+    for log in (cluster.dir / "state" / "flows").glob("*.log"):
+        source = endpoints.get(log.stem)
+        for line in log.read_text().splitlines():
+            ip, port = line.split()
+            if source is not None and ip in endpoints:
+                flows.append((source, endpoints[ip], int(port)))
+    prometheus = Endpoint(PROMETHEUS_NAMESPACE, PROMETHEUS_LABELS, "127.0.0.1")
+    targets = httpx.get(f"{cluster.info['prometheus']}/api/v1/targets", timeout=10).json()
+    for target in targets["data"]["activeTargets"]:
+        ip, port = target["labels"]["__address__"].rsplit(":", 1)
+        if target["lastScrape"] != "0001-01-01T00:00:00Z" and ip in endpoints:
+            flows.append((prometheus, endpoints[ip], int(port)))
+    namespaces = {n["metadata"]["name"]: n["metadata"]["labels"]
+                  for n in cluster.get("namespaces")["items"]}
+
+    def kind(e: Endpoint) -> str:
+        if e is prometheus:
+            return "prometheus"
+        return e.labels.get("app.kubernetes.io/component", "?")
+    seen = {(kind(s), kind(d), p) for s, d, p in flows}
+    assert {("router", "worker", 8100), ("worker", "worker", 8101), ("operator", "worker", 8100),
+            ("prometheus", "worker", 8100)} <= seen, seen
+    refused = [(s, d, p) for s, d, p in flows if not admitted(s, d, p, policies, namespaces)]
+    assert not refused, refused
+    # and the policies do refuse: a pod of another deployment may not call a worker
+    worker = next(d for _, d, p in flows if kind(d) == "worker" and p == 8100)
+    stranger = Endpoint("default", {**worker.labels, "baton.dev/deployment": "other"}, "127.0.99.1")
+    assert not admitted(stranger, worker, 8100, policies, namespaces)
