@@ -128,3 +128,33 @@ def test_images_and_environments_come_from_the_dockerfiles():
     env, entrypoint, cmd = dockerfile_defaults(text)
     assert env == {"A": "1", "B": "two words"} and entrypoint == () and cmd == ("baton", "--help")
     assert dockerfile_requirements(text) == ["kopf>=1.37", "numpy"]
+
+
+def test_rbac_allows_only_what_a_binding_grants():
+    from e2e.rbac import allowed, refused
+
+    objects = {
+        "ClusterRole": [{"metadata": {"name": "op"}, "rules": [
+            {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["get", "list"]}]}],
+        "ClusterRoleBinding": [{"metadata": {"name": "op"}, "roleRef": {"kind": "ClusterRole",
+                                "name": "op"}, "subjects": [{"kind": "ServiceAccount",
+                                                             "name": "baton", "namespace": "sys"}]}],
+        "Role": [{"metadata": {"name": "r", "namespace": "ns"}, "rules": [
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["*"],
+             "resourceNames": ["web"]}]}],
+        "RoleBinding": [{"metadata": {"name": "r", "namespace": "ns"}, "roleRef": {
+            "kind": "Role", "name": "r"}, "subjects": [{"kind": "ServiceAccount", "name": "app"}]}],
+    }
+
+    def req(user, verb, group, resource, sub="", ns="ns", name=""):
+        return {"user": f"system:serviceaccount:{user}", "verb": verb, "api_group": group,
+                "resource": resource, "subresource": sub, "namespace": ns, "name": name}
+    assert allowed(req("sys:baton", "list", "", "pods"), objects)
+    assert allowed(req("sys:baton", "get", "", "pods", "status"), objects)
+    assert not allowed(req("sys:baton", "delete", "", "pods"), objects)
+    assert not allowed(req("sys:baton", "get", "", "pods", "log"), objects)
+    assert allowed(req("ns:app", "patch", "apps", "deployments", name="web"), objects)
+    assert not allowed(req("ns:app", "patch", "apps", "deployments", name="db"), objects)
+    assert not allowed(req("ns:app", "patch", "apps", "deployments", ns="other", name="web"), objects)
+    log = [req("sys:baton", "delete", "", "pods"), req("sys:baton", "delete", "", "pods", name="x")]
+    assert len(refused(log, objects, {"system:serviceaccount:sys:baton"})) == 1
