@@ -131,10 +131,12 @@ def test_every_flow_that_happened_is_admitted_by_the_network_policies(cluster, p
             if source is not None and ip in endpoints:
                 flows.append((source, endpoints[ip], int(port)))
     prometheus = Endpoint(PROMETHEUS_NAMESPACE, PROMETHEUS_LABELS, "127.0.0.1")
-    targets = httpx.get(f"{cluster.info['prometheus']}/api/v1/targets", timeout=10).json()
-    for target in targets["data"]["activeTargets"]:
-        ip, port = target["labels"]["__address__"].rsplit(":", 1)
-        if target["lastScrape"] != "0001-01-01T00:00:00Z" and ip in endpoints:
+    # every address Prometheus scraped successfully during the run (its targets are gone now)
+    scraped = httpx.get(f"{cluster.info['prometheus']}/api/v1/query", timeout=10,
+                        params={"query": "max_over_time(up[1h]) == 1"}).json()
+    for series in scraped["data"]["result"]:
+        ip, port = series["metric"]["instance"].rsplit(":", 1)
+        if ip in endpoints:
             flows.append((prometheus, endpoints[ip], int(port)))
     namespaces = {n["metadata"]["name"]: n["metadata"]["labels"]
                   for n in cluster.get("namespaces")["items"]}
@@ -152,3 +154,17 @@ def test_every_flow_that_happened_is_admitted_by_the_network_policies(cluster, p
     worker = next(d for _, d, p in flows if kind(d) == "worker" and p == 8100)
     stranger = Endpoint("default", {**worker.labels, "baton.dev/deployment": "other"}, "127.0.99.1")
     assert not admitted(stranger, worker, 8100, policies, namespaces)
+
+
+def test_helm_uninstall_removes_the_operator(cluster):
+    from e2e import helm
+    from e2e.cluster import RELEASE, RELEASE_NAMESPACE
+
+    helm.uninstall(cluster.kubeconfig, RELEASE_NAMESPACE, RELEASE)
+
+    def gone():
+        left = cluster.get("pods", "-n", RELEASE_NAMESPACE)["items"] + [
+            r for r in cluster.get("clusterroles")["items"] if r["metadata"]["name"] == RELEASE]
+        return not left or None
+    wait_for(gone, 120, "the operator's pod and ClusterRole to be removed")
+    assert "pddeployments.baton.dev" in cluster.kubectl("get", "crd")  # Helm keeps CRDs
