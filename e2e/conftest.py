@@ -11,7 +11,7 @@ from e2e.harness import ClusterProcess
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterProcess]:
-    process = ClusterProcess()
+    process = ClusterProcess(extra=["--allow-host-path", "/var/tmp"])
     failed = False
     try:
         process.wait_ready()

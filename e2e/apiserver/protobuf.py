@@ -1,4 +1,4 @@
-"""Just enough of Kubernetes' protobuf encoding to read the Secrets Helm stores releases in.
+"""Just enough of Kubernetes' protobuf encoding to read what Helm's release storage sends.
 
 Helm's release storage writes Secrets with client-go's typed client, which speaks protobuf;
 every other client here speaks JSON. Wire format: the "k8s\\0" magic, then a runtime.Unknown
@@ -64,16 +64,33 @@ def _meta(data: bytes) -> dict[str, Any]:
     return meta
 
 
-def decode_secret(body: bytes) -> dict[str, Any]:
+def decode(body: bytes) -> dict[str, Any]:
+    """A Secret or DeleteOptions (what Helm's storage driver sends) as the JSON it stands for."""
     if not body.startswith(MAGIC):
         raise ValueError("not a Kubernetes protobuf body")
     unknown = dict(fields(body[len(MAGIC):]))
     type_meta = dict(fields(unknown.get(1, b"")))
     kind = type_meta.get(2, b"").decode()
-    if kind != "Secret":
-        raise ValueError(f"protobuf bodies are read for Secrets only, not {kind!r}")
+    if kind == "Secret":
+        return _secret(unknown.get(2, b""))
+    if kind == "DeleteOptions":
+        return _delete_options(unknown.get(2, b""))
+    raise ValueError(f"protobuf bodies are read for Secrets and DeleteOptions, not {kind!r}")
+
+
+def _delete_options(raw: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    for number, value in fields(raw):
+        if number == 1:
+            out["gracePeriodSeconds"] = value
+        elif number == 4:
+            out["propagationPolicy"] = value.decode()
+    return out
+
+
+def _secret(raw: bytes) -> dict[str, Any]:
     secret: dict[str, Any] = {"apiVersion": "v1", "kind": "Secret", "metadata": {}, "data": {}}
-    for number, value in fields(unknown.get(2, b"")):
+    for number, value in fields(raw):
         if number == 1:
             secret["metadata"] = _meta(value)
         elif number == 2:

@@ -227,7 +227,7 @@ class ApiServer:
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
         if request.content_type == "application/vnd.kubernetes.protobuf":
-            return protobuf.decode_secret(raw)
+            return protobuf.decode(raw)
         if "protobuf" in request.content_type or "cbor" in request.content_type:
             raise errors.ApiError(415, "UnsupportedMediaType",
                                   f"{request.content_type} is not supported; send JSON")

@@ -67,8 +67,12 @@ def test_protobuf_secret_decodes():
     secret = _field(1, meta) + _field(2, _field(1, b"release") + _field(2, b"\x00\x01data")) + \
         _field(3, b"helm.sh/release.v1")
     body = protobuf.MAGIC + _field(1, _field(1, b"v1") + _field(2, b"Secret")) + _field(2, secret)
-    decoded = protobuf.decode_secret(body)
+    decoded = protobuf.decode(body)
     assert decoded["metadata"] == {"name": "sh.helm.release.v1.baton.v1",
                                    "namespace": "baton-system", "labels": {"owner": "helm"}}
     assert base64.b64decode(decoded["data"]["release"]) == b"\x00\x01data"
     assert decoded["type"] == "helm.sh/release.v1"
+    options = protobuf.MAGIC + _field(1, _field(1, b"v1") + _field(2, b"DeleteOptions")) + \
+        _field(2, bytes([1 << 3, 0]) + _field(4, b"Background"))
+    assert protobuf.decode(options)["propagationPolicy"] == "Background"
+    assert protobuf.decode(options)["gracePeriodSeconds"] == 0
