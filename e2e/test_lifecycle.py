@@ -9,18 +9,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 
 import httpx
 import openai
 import pytest
 
 from e2e.cluster import NEXT_TAG
-from e2e.harness import is_ready, pod_folder, pods, router_url, wait_for
+from e2e.harness import is_ready, metric, pod_folder, pods, router_url, wait_for
 from e2e.netpol import Endpoint, admitted
 
 pytestmark = pytest.mark.slow
 DEPLOYMENT = "tiny"
 WORKERS = f"baton.dev/deployment={DEPLOYMENT},app.kubernetes.io/component=worker"
+STREAMS, STREAM_TOKENS = 6, 200
 
 
 def serves(cluster) -> bool:
@@ -57,6 +59,50 @@ def test_a_killed_worker_is_restarted_in_its_role(cluster, policies):
     wait_for(lambda: serves(cluster), 120, "the router to serve again")
 
 
+def scale_decode(cluster, replicas: int) -> None:
+    cluster.kubectl("patch", "pdd", DEPLOYMENT, "--type=merge", "-p",
+                    json.dumps({"spec": {"decode": {"replicas": replicas}}}))
+
+
+def test_scaling_decode_down_migrates_running_streams(cluster, policies):
+    scale_decode(cluster, 2)
+    wait_for(lambda: len([p for p in pods(cluster, f"{WORKERS},baton.dev/role=decode")
+                          if is_ready(p)]) == 2, 300, "two Ready decode workers", every=2)
+    client = openai.OpenAI(base_url=f"{router_url(cluster, DEPLOYMENT)}/v1", api_key="none",
+                           max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    first_tokens = threading.Barrier(STREAMS + 1, timeout=120)
+    results: list[int | BaseException] = [0] * STREAMS
+
+    def stream(i: int) -> None:
+        try:
+            count, waited = 0, False
+            for chunk in client.completions.create(
+                    model=model, prompt=f"Story {i}: once upon a time", max_tokens=STREAM_TOKENS,
+                    temperature=0, stream=True, extra_body={"ignore_eos": True}):
+                count += bool(chunk.choices and chunk.choices[0].text)
+                if not waited:
+                    waited = True
+                    first_tokens.wait()
+            results[i] = count
+        except BaseException as e:  # reported below, per stream
+            results[i] = e
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    first_tokens.wait()  # every stream is decoding: now take a decode worker away
+    scale_decode(cluster, 1)
+    for thread in threads:
+        thread.join(300)
+    assert all(isinstance(r, int) and r >= STREAM_TOKENS - 1 for r in results), results
+    survivors = wait_for(lambda: [p for p in pods(cluster, f"{WORKERS},baton.dev/role=decode")
+                                  if not p["metadata"].get("deletionTimestamp")]
+                         if len(pods(cluster, f"{WORKERS},baton.dev/role=decode")) == 1 else None,
+                         240, "one decode worker left")
+    text = httpx.get(f"http://{survivors[0]['status']['podIP']}:8100/metrics", timeout=10).text
+    assert metric(text, "baton_migrations_total", direction="in") >= 1  # streams moved over
+
+
 def test_editing_the_image_rolls_pods_even_from_a_broken_one(cluster, policies):
     before = {p["metadata"]["name"] for p in pods(cluster, WORKERS)}
     cluster.kubectl("patch", "pdd", DEPLOYMENT, "--type=merge", "-p",
@@ -69,7 +115,6 @@ def test_editing_the_image_rolls_pods_even_from_a_broken_one(cluster, policies):
                    for p in broken for c in p.get("status", {}).get("containerStatuses", [])}
         return broken if reasons & {"ErrImagePull", "ImagePullBackOff"} else None
     wait_for(pulling, 120, "a worker pod on the broken image to fail pulling it", every=2)
-    assert serves(cluster)  # the pods on the old image keep serving meanwhile
     cluster.kubectl("patch", "pdd", DEPLOYMENT, "--type=merge", "-p",
                     json.dumps({"spec": {"image": f"baton-worker:{NEXT_TAG}"}}))
 
@@ -88,7 +133,8 @@ def test_editing_the_image_rolls_pods_even_from_a_broken_one(cluster, policies):
 
 
 def test_deleting_the_pddeployment_drains_and_removes_everything(cluster, policies):
-    workers = pods(cluster, WORKERS)
+    workers = [p for p in pods(cluster, WORKERS) if is_ready(p)]  # serving: to be drained
+    assert len(workers) == 2
     cluster.kubectl("delete", "pdd", DEPLOYMENT, "--wait=true", "--timeout=300s", timeout=320)
 
     def gone():
