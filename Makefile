@@ -47,6 +47,11 @@ $(OPERATOR_ENV)/.installed: operator/Dockerfile pyproject.toml e2e/envs.py | ins
 $(HELM_ENV)/.installed: e2e/envs.py | install
 	$(BIN)/python -m e2e.envs helm $(HELM_ENV)
 
+CHECKOV_ENV  := .venv-checkov
+
+$(CHECKOV_ENV)/.installed: e2e/envs.py | install
+	$(BIN)/python -m e2e.envs checkov $(CHECKOV_ENV)
+
 $(VENV)/.e2e-installed: e2e/requirements.txt | install
 	$(BIN)/pip install --quiet -r e2e/requirements.txt
 	touch $@
@@ -55,7 +60,8 @@ $(PODNET): e2e/node/podnet.c
 	mkdir -p $(dir $@)
 	cc -shared -fPIC -O2 -Wall -Wextra -o $@ $< -ldl
 
-e2e-envs: install $(VENV)/.e2e-installed $(OPERATOR_ENV)/.installed $(HELM_ENV)/.installed $(PODNET)
+e2e-envs: install $(VENV)/.e2e-installed $(OPERATOR_ENV)/.installed $(HELM_ENV)/.installed \
+          $(CHECKOV_ENV)/.installed $(PODNET)
 
 # Start the local cluster and keep it up until Ctrl-C.
 cluster: e2e-envs
@@ -74,4 +80,4 @@ images:
 	docker build -f worker/Dockerfile --build-arg DEVICE=cuda -t baton-worker:$(IMAGE_TAG)-cuda .
 
 clean:
-	rm -rf $(VENV) $(OPERATOR_ENV) $(HELM_ENV) e2e/.build .e2e .pytest_cache
+	rm -rf $(VENV) $(OPERATOR_ENV) $(HELM_ENV) $(CHECKOV_ENV) e2e/.build .e2e .pytest_cache

@@ -2,6 +2,7 @@
 
     python -m e2e.envs operator PATH   a venv holding only what operator/Dockerfile installs
     python -m e2e.envs helm PATH       a Python 3.12 venv with helm-sdkpy
+    python -m e2e.envs checkov PATH    a venv with the checkov security scanner (a CLI)
 
 The operator's environment is made from the Dockerfile itself, so a dependency the image
 lacks is missing here too and the e2e fails on it.
@@ -52,7 +53,12 @@ def helm_env(target: Path) -> None:
     _run(str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", "helm-sdkpy")
 
 
+def checkov_env(target: Path) -> None:
+    _run(sys.executable, "-m", "venv", "--clear", str(target))
+    _run(str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", "checkov>=3.2")
+
+
 if __name__ == "__main__":
     kind, path = sys.argv[1], Path(sys.argv[2])
-    {"operator": operator_env, "helm": helm_env}[kind](path)
+    {"operator": operator_env, "helm": helm_env, "checkov": checkov_env}[kind](path)
     (path / ".installed").touch()

@@ -163,3 +163,16 @@ def test_objects_validate_against_the_kubernetes_schemas(cluster, tiny, version)
     assert not problems, "\n".join(problems)
     assert {"Pod", "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget", "Role",
             "ClusterRole", "Secret"} <= checked
+
+
+def test_every_security_finding_is_fixed_or_justified(cluster, tiny):
+    from e2e import recorded, security
+
+    objects = recorded.objects(cluster, ("default", "baton-system"))
+    found = security.scan(objects, cluster.dir / "scan")
+    documented = security.justified((security.ROOT / "docs" / "kubernetes.md").read_text())
+    unexplained = sorted({f"{f['id']} {f['name']} ({f['resource']})" for f in found
+                          if f["id"] not in documented})
+    assert not unexplained, "\n".join(unexplained)
+    stale = set(documented) - {f["id"] for f in found}
+    assert not stale, f"justified in docs/kubernetes.md but no longer found: {sorted(stale)}"

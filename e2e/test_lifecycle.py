@@ -103,6 +103,41 @@ def test_scaling_decode_down_migrates_running_streams(cluster, policies):
     assert metric(text, "baton_migrations_total", direction="in") >= 1  # streams moved over
 
 
+def dashboard_queries(name: str) -> list[str]:
+    from e2e.security import ROOT
+
+    board = json.loads((ROOT / "charts" / "baton" / "dashboards" / name).read_text())
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("expr"), str):
+                found.append(node["expr"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    walk(board.get("panels", []))
+    return found
+
+
+def test_the_serving_dashboard_queries_return_data_from_the_scraped_pods(cluster, policies):
+    """Prometheus scraped the pods as the ServiceMonitor says; every panel finds its series."""
+    variables = {"$namespace": "default", "$deployment": DEPLOYMENT, "$__rate_interval": "1m",
+                 "${namespace}": "default", "${deployment}": DEPLOYMENT}
+    empty = []
+    for expr in dashboard_queries("serving.json"):
+        for name, value in variables.items():
+            expr = expr.replace(name, value)
+        answer = httpx.get(f"{cluster.info['prometheus']}/api/v1/query", timeout=10,
+                           params={"query": expr}).json()
+        assert answer["status"] == "success", (expr, answer)
+        if not answer["data"]["result"]:
+            empty.append(expr)
+    assert not empty, empty
+
+
 def test_editing_the_image_rolls_pods_even_from_a_broken_one(cluster, policies):
     before = {p["metadata"]["name"] for p in pods(cluster, WORKERS)}
     cluster.kubectl("patch", "pdd", DEPLOYMENT, "--type=merge", "-p",
