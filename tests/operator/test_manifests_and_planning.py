@@ -255,15 +255,26 @@ def test_router_tokenizes_with_the_workers_model_and_block_size():
     assert parsed.block_size == 32
     # the router reads the tokenizer from the same claim, mounted where the workers have it
     volumes = body["spec"]["template"]["spec"]["volumes"]
-    assert volumes == [{"name": "model", "persistentVolumeClaim": {"claimName": "models",
-                                                                   "readOnly": True}}]
-    assert router_container(body)["volumeMounts"] == [
+    assert [v for v in volumes if v["name"] == "model"] == [
+        {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}]
+    assert [m for m in router_container(body)["volumeMounts"] if m["name"] == "model"] == [
         {"name": "model", "mountPath": "/models", "readOnly": True}]
 
     bundled = router.router_deployment("d", spec())
     parsed = parser.parse_args(router_container(bundled)["args"][2:])
     assert parsed.model == "bundled" and router_main.model_path(parsed.model) is None
-    assert "volumes" not in bundled["spec"]["template"]["spec"]
+    assert [v["name"] for v in bundled["spec"]["template"]["spec"]["volumes"]] == ["scratch"]
+
+
+def test_router_runs_with_the_workers_least_privilege():
+    pod = router.router_deployment("d", spec())["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"] == workers.pod_security_context()
+    assert container["securityContext"] == workers.container_security_context()
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    # the one writable folder is a scratch emptyDir, as for workers
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
+    assert any(v["name"] == "scratch" and "emptyDir" in v for v in pod["volumes"])
 
 
 def test_workers_advertise_their_pod_ip_and_name():

@@ -8,7 +8,15 @@ from baton.api.models import PDDeploymentSpec
 
 from .. import labels
 from .names import pool_service_name, router_name, router_service_name
-from .workers import MODEL_VOLUME_MOUNT, model_argument, model_volume, token_env
+from .workers import (
+    MODEL_VOLUME_MOUNT,
+    SCRATCH_MOUNT,
+    container_security_context,
+    model_argument,
+    model_volume,
+    pod_security_context,
+    token_env,
+)
 
 POOL_ROLES = ("prefill", "decode")
 
@@ -59,6 +67,7 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         token_env(deployment),
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "BATON_DISAGG_THRESHOLD", "value": str(spec.router.disaggregation_threshold)},
+        {"name": "HOME", "value": SCRATCH_MOUNT},  # the root filesystem is read-only
     ]
     if spec.router.api_key_secret is not None:  # the router reads BATON_API_KEY as --api-key
         ref = spec.router.api_key_secret
@@ -78,16 +87,21 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         "resources": resources,
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        # the workers' least privilege: non-root, read-only root filesystem, no capabilities
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_MOUNT}],
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": router_name(deployment),
         "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
         "containers": [container],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "256Mi"}}],
     }
     volume = model_volume(spec)
     if volume is not None:  # the router reads the tokenizer from the same folder as workers
-        pod_spec["volumes"] = [volume]
-        container["volumeMounts"] = [dict(MODEL_VOLUME_MOUNT)]
+        pod_spec["volumes"].append(volume)
+        container["volumeMounts"].append(dict(MODEL_VOLUME_MOUNT))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
