@@ -10,18 +10,16 @@ from e2e.harness import ClusterProcess
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[ClusterProcess]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterProcess]:
+    # /var/tmp is where the hostPath scenario writes its model (and outside pods' /tmp)
     process = ClusterProcess(extra=["--allow-host-path", "/var/tmp"])
-    failed = False
     try:
         process.wait_ready()
         yield process
-    except BaseException:
-        failed = True
-        raise
     finally:
         code = process.stop()
-        if not failed and code == 0:
-            process.remove()
+        if request.session.testsfailed or code != 0:
+            print(f"\ncluster exit code {code}; its folder (logs, flows, requests) is kept "
+                  f"in {process.dir}")
         else:
-            print(f"cluster state kept in {process.dir}")
+            process.remove()

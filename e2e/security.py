@@ -48,4 +48,4 @@ def justified(doc: str) -> dict[str, str]:
     """Check id -> the reason given in docs/kubernetes.md's "Security scan" table."""
     section = doc.split("### Security scan", 1)[-1].split("\n## ", 1)[0]
     return {m.group(1): m.group(2).strip() for m in
-            re.finditer(r"^\| `?(CKV_K8S_\d+)`? \|[^|]*\| (.+) \|$", section, re.MULTILINE)}
+            re.finditer(r"^\| `?(CKV2?_K8S_\d+)`? \|[^|]*\| (.+) \|$", section, re.MULTILINE)}
