@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("baton.sim.plan", "recommend a prefill/decode split and show the KV transfer table"),
     "crds": ("baton.api.crdgen", "write the PDDeployment CustomResourceDefinition from the API models"),
     "operator": ("baton.operator.main", "run the Kubernetes operator that reconciles PDDeployments"),
+    "remove-deployments": ("baton.operator.uninstall", "delete every PDDeployment and wait until the operator has drained and removed them"),
     "worker": ("baton.server.main", "run an inference worker (prefill, decode or both) with its internal API"),
     "router": ("baton.router.main", "serve the OpenAI API in front of prefill and decode workers"),
     "up": ("baton.local.up", "run workers and router on a local Ray instance (or join one)"),

@@ -1,4 +1,5 @@
-"""The Grafana dashboards parse, and every query uses only metrics named in the contracts."""
+"""The Grafana dashboards parse, every query uses only metrics named in the contracts, and
+every query is scoped to the one PDDeployment the dashboard's variables pick."""
 
 import json
 import re
@@ -13,12 +14,23 @@ CONTRACTS = (ROOT / "docs" / "contracts.md").read_text()
 METRICS = set(re.findall(r"`(baton_[a-z0-9_]+)", CONTRACTS))
 HISTOGRAMS = set(re.findall(r"`(baton_[a-z0-9_]+)` \| histogram", CONTRACTS))
 SERIES = METRICS | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
-LABELS = {"role", "pool", "action", "deployment", "direction", "le"}
+LABELS = {"role", "pool", "action", "deployment", "direction", "le", "namespace", "pod"}
 PROMQL_WORDS = {
     "sum", "avg", "max", "min", "count", "by", "without", "on", "ignoring", "group_left", "group_right",
     "rate", "irate", "increase", "histogram_quantile", "clamp_min", "clamp_max", "and", "or", "unless",
 }
 IDENTIFIER = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+VARIABLES = {"$namespace", "$deployment"}
+# Worker series are picked by the pod's namespace and name (NAME-w-xxxxxx), as the Prometheus
+# Operator labels scraped pods; the controller's own series carry the deployment's name.
+WORKER_SCOPE = ('namespace="$namespace"', 'pod=~"$deployment-w-.+"')
+CONTROLLER_SCOPE = ('deployment="$deployment"',)
+SELECTOR = re.compile(r"(baton_[a-z0-9_]+)(?:\{([^}]*)\})?")
+
+
+def substitute(expr: str, namespace: str, deployment: str) -> str:
+    """The query Grafana sends once the variables are chosen."""
+    return expr.replace("$namespace", namespace).replace("$deployment", deployment)
 
 
 def _exprs(node):
@@ -61,9 +73,15 @@ def test_dashboard_queries_use_contract_metrics(path):
     assert any(v["name"] == "DS_PROMETHEUS" and v["type"] == "datasource" for v in dashboard["templating"]["list"])
     exprs = list(_exprs(dashboard))
     assert len(exprs) >= 8
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["namespace"]["type"] == variables["deployment"]["type"] == "query"
+    assert re.fullmatch(variables["deployment"]["regex"].strip("/"), "chat-w-1a2b3c").group(1) == "chat"
     for expr in exprs:
         assert _balanced(expr), expr
-        assert "$" not in expr, f"template variables would not run against plain Prometheus: {expr}"
+        assert set(re.findall(r"\$\w+", expr)) <= VARIABLES, expr
+        for metric, matchers in SELECTOR.findall(expr):
+            wanted = CONTROLLER_SCOPE if metric.startswith("baton_autoscaler_") else WORKER_SCOPE
+            assert all(m in matchers for m in wanted), f"{metric} not scoped in {path.name}: {expr}"
         bare = re.sub(r'"[^"]*"', "", expr)
         bare = re.sub(r"\[\d+[smhd]\]", "", bare)  # range selectors
         for name in IDENTIFIER.findall(bare):

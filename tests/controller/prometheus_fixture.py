@@ -4,6 +4,7 @@ second the targets the test names, with its config and storage in a temporary fo
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -24,11 +25,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def config_text(targets: list[str], interval: str = "1s") -> str:
-    """A scrape config for `targets` ("host:port"); JSON is valid YAML, so no YAML writer."""
-    quoted = ", ".join(f'"{t}"' for t in targets)
-    return (f'{{"global": {{"scrape_interval": "{interval}", "evaluation_interval": "{interval}"}},'
-            f' "scrape_configs": [{{"job_name": "baton", "static_configs": [{{"targets": [{quoted}]}}]}}]}}')
+def config_text(targets: list[str], interval: str = "1s",
+                labels: dict[str, dict[str, str]] | None = None) -> str:
+    """A scrape config for `targets` ("host:port"), each with its target `labels` if given
+    (as Kubernetes discovery would give namespace and pod). JSON is valid YAML."""
+    groups = [{"targets": [t], "labels": (labels or {}).get(t, {})} for t in targets]
+    return json.dumps({"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                       "scrape_configs": [{"job_name": "baton", "static_configs": groups}]})
 
 
 @dataclass
@@ -58,11 +61,12 @@ class Prometheus:
 
 @contextlib.contextmanager
 def running_prometheus(targets: list[str], folder: Path, interval: str = "1s",
-                       deadline_s: float = 30.0) -> Iterator[Prometheus]:
+                       deadline_s: float = 30.0,
+                       labels: dict[str, dict[str, str]] | None = None) -> Iterator[Prometheus]:
     if not shutil.which(PROMETHEUS):
         pytest.skip(f"{PROMETHEUS} is not installed (Debian package prometheus; .ci/run installs it)")
     config = folder / "prometheus.yml"
-    config.write_text(config_text(targets, interval))
+    config.write_text(config_text(targets, interval, labels))
     port = free_port()
     log = folder / "prometheus.log"
     with log.open("wb") as output:

@@ -1,11 +1,10 @@
-"""Actuators: the PDDeployment spec patch (pure), and local conversions over HTTP."""
+"""Actuators: the PDDeployment's status.target patch (pure), and local conversions over HTTP."""
 
 from __future__ import annotations
 
 import pytest
 from fleet_harness import FakeWorker, running_workers
 
-from baton.api import parse_spec
 from baton.autoscaler.actuator import ActuationError
 from baton.autoscaler.estimate import ConversionTimes, PoolState
 from baton.autoscaler.inputs import Action, Decision
@@ -14,8 +13,9 @@ from baton.operator.autoscaling.actuator import (
     KubernetesActuator,
     pending_conversions,
     pool_state,
-    spec_patch,
+    target_patch,
 )
+from baton.operator.desired import Desired
 from baton.operator.planning import PodView
 
 
@@ -36,37 +36,40 @@ def decision(action, current, target):
     return Decision(action, current, target, target, "because")
 
 
-SPEC = parse_spec({"image": "w", "prefill": {"replicas": 1}, "decode": {"replicas": 2}})
+SIZES = Desired(1, 2)
 
 
 def test_conversion_patch_names_the_newest_serving_pod_and_the_new_sizes():
     pods = [pod("p1", "prefill"), pod("d-old", "decode"),
             pod("d-new", "decode", created="2025-02-01T00:00:00Z"),
             pod("d-unready", "decode", ready=False, created="2025-03-01T00:00:00Z")]
-    patch = spec_patch(SPEC, pods, decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
-    assert patch == {"spec": {"prefill": {"replicas": 2}, "decode": {"replicas": 1},
-                              "conversions": [{"pod": "d-new", "toRole": "prefill"}]}}
+    patch = target_patch(SIZES, pods, decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
+    # the controller's target goes to status: the spec is the user's, never patched
+    assert patch == {"status": {"target": {"prefill": 2, "decode": 1, "conversions": [
+        {"pod": "d-new", "toRole": "prefill"}]}}}
 
 
 def test_pending_conversions_are_kept_and_finished_ones_dropped():
-    spec = parse_spec({**SPEC.model_dump(by_alias=True), "conversions": [
-        {"pod": "done", "toRole": "prefill"}, {"pod": "busy", "toRole": "prefill"},
-        {"pod": "gone", "toRole": "decode"}]})
+    desired = Desired(1, 2, {"done": "prefill", "busy": "prefill", "gone": "decode"})
     pods = [pod("done", "prefill"), pod("busy", "decode", state="draining"), pod("p", "prefill"),
             pod("d", "decode")]
-    assert pending_conversions(spec, pods) == [{"pod": "busy", "toRole": "prefill"}]
-    assert pool_state(spec, pods) == PoolState(1, 2, in_flight=1)
-    patch = spec_patch(spec, pods, decision(Action.CONVERT_PREFILL_TO_DECODE, (2, 1), (1, 2)))
-    assert patch["spec"]["conversions"] == [{"pod": "busy", "toRole": "prefill"},
-                                            {"pod": "p", "toRole": "decode"}]
+    assert pending_conversions(desired, pods) == [{"pod": "busy", "toRole": "prefill"}]
+    assert pool_state(desired, pods) == PoolState(1, 2, in_flight=1)
+    patch = target_patch(desired, pods, decision(Action.CONVERT_PREFILL_TO_DECODE, (2, 1), (1, 2)))
+    assert patch["status"]["target"]["conversions"] == [{"pod": "busy", "toRole": "prefill"},
+                                                        {"pod": "p", "toRole": "decode"}]
 
 
-def test_scaling_patches_sizes_only_and_nothing_to_convert_is_an_error():
-    patch = spec_patch(SPEC, [], decision(Action.SCALE_POOLS, (1, 2), (2, 3)))
-    assert patch == {"spec": {"prefill": {"replicas": 2}, "decode": {"replicas": 3}}}
+def test_scaling_writes_sizes_keeps_pending_conversions_and_nothing_to_convert_is_an_error():
+    patch = target_patch(SIZES, [], decision(Action.SCALE_POOLS, (1, 2), (2, 3)))
+    assert patch == {"status": {"target": {"prefill": 2, "decode": 3, "conversions": []}}}
+    busy = Desired(1, 2, {"b": "decode"})
+    kept = target_patch(busy, [pod("b", "prefill", state="draining")],
+                        decision(Action.SCALE_POOLS, (1, 2), (1, 3)))
+    assert kept["status"]["target"]["conversions"] == [{"pod": "b", "toRole": "decode"}]
     with pytest.raises(ActuationError, match="no serving decode pod"):
-        spec_patch(SPEC, [pod("d", "decode", state="draining")],
-                   decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
+        target_patch(SIZES, [pod("d", "decode", state="draining")],
+                     decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 2), (2, 1)))
 
 
 def test_local_choice_and_split():
@@ -152,14 +155,14 @@ def test_several_conversions_name_several_pods_within_the_disruption_budget():
     assert disruption_allowance("50%", pods) == 3
     assert disruption_allowance(2, pods) == 1
     assert disruption_allowance(None, pods) is None
-    spec = parse_spec({"image": "w", "prefill": {"replicas": 5}, "decode": {"replicas": 2}})
+    sizes = Desired(5, 2)
     asked = decision(Action.CONVERT_PREFILL_TO_DECODE, (5, 2), (1, 6))  # four workers
-    patch = spec_patch(spec, pods, asked, allowance=3)["spec"]
-    assert patch["conversions"] == [{"pod": n, "toRole": "decode"} for n in ("p4", "p3", "p2")]
-    assert (patch["prefill"]["replicas"], patch["decode"]["replicas"]) == (2, 5)
-    assert len(spec_patch(spec, pods, asked)["spec"]["conversions"]) == 4
+    target = target_patch(sizes, pods, asked, allowance=3)["status"]["target"]
+    assert target["conversions"] == [{"pod": n, "toRole": "decode"} for n in ("p4", "p3", "p2")]
+    assert (target["prefill"], target["decode"]) == (2, 5)
+    assert len(target_patch(sizes, pods, asked)["status"]["target"]["conversions"]) == 4
     with pytest.raises(ActuationError, match="disruption budget"):
-        spec_patch(spec, pods, asked, allowance=0)
+        target_patch(sizes, pods, asked, allowance=0)
 
 
 @pytest.mark.asyncio
@@ -189,30 +192,39 @@ class FakeKube:
     """The PDDeployment, its worker pods and its disruption budget, as KubeApi answers them."""
 
     def __init__(self, spec, pods):
-        self.spec, self.pods = spec, pods
+        self.spec, self.status, self.pods = spec, {}, pods
+        self.patched: list[tuple[str | None, dict]] = []
 
     async def get(self, kind, namespace, name):
         if kind == "PDDeployment":
-            return {"spec": self.spec}
+            return {"spec": self.spec, "status": self.status}
         return {"spec": {"maxUnavailable": "50%"}}
 
     async def list(self, kind, namespace, selector):
         return self.pods
 
-    async def patch(self, kind, namespace, name, patch):
-        self.spec = {**self.spec, **patch["spec"]}
+    async def patch(self, kind, namespace, name, patch, sub=None):
+        self.patched.append((sub, patch))
+        assert sub == "status" and set(patch) == {"status"}  # never the user's spec
+        self.status = {**self.status, **patch["status"]}
+
+
+AUTOSCALED = {"image": "w", "prefill": {"replicas": 1}, "decode": {"replicas": 3},
+              "autoscaling": {"enabled": True, "prefill": {"min": 1, "max": 4},
+                              "decode": {"min": 1, "max": 4}}}
 
 
 @pytest.mark.asyncio
 async def test_kubernetes_actuator_times_the_conversions_it_requests():
-    kube = FakeKube({"image": "w", "prefill": {"replicas": 1}, "decode": {"replicas": 3}},
+    kube = FakeKube(AUTOSCALED,
                     [raw_pod("p1", "prefill"), raw_pod("d1", "decode"), raw_pod("d2", "decode"),
                      raw_pod("d3", "decode", created="2025-02-01T00:00:00Z")])
     now = [100.0]
     actuator = KubernetesActuator(kube, "ns", "pd", clock=lambda: now[0])
     assert (await actuator.pools()).conversion_s is None  # nothing measured yet
     await actuator.apply(Decision(Action.CONVERT_DECODE_TO_PREFILL, (1, 3), (3, 1), (3, 1), "because"))
-    chosen = [c["pod"] for c in kube.spec["conversions"]]
+    assert kube.spec == AUTOSCALED
+    chosen = [c["pod"] for c in kube.status["target"]["conversions"]]
     assert chosen == ["d3", "d2"]
     kube.pods = [raw_pod("p1", "prefill"), raw_pod("d1", "decode"), raw_pod("d2", "decode", state="draining"),
                  raw_pod("d3", "decode", state="draining")]

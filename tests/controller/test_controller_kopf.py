@@ -2,8 +2,9 @@
 
 Each worker pod gets its own loopback address (127.0.0.2-4) on one port, where a fake worker
 serves contract metrics of a long-prompt load and the drain/role endpoints. The daemon
-scrapes them, decides to convert a decode worker to prefill, patches the spec; the operator
-then drains and converts that pod through the same fake worker.
+scrapes them, decides to convert a decode worker to prefill, writes that to status.target
+(the spec stays as the user wrote it); the operator then drains and converts that pod
+through the same fake worker.
 """
 
 from __future__ import annotations
@@ -95,12 +96,12 @@ async def test_long_prompts_convert_a_decode_pod_to_prefill(emulator):
             for name, worker in zip(decode_pods, workers[1:]):
                 await serve_pod(emulator, name, worker.host)
 
-            spec = await eventually(lambda: deployment(emulator)["spec"].get("conversions"),
-                                    timeout=30, what="a conversion in the spec")
-            [conversion] = spec
+            target = await eventually(lambda: deployment(emulator).get("status", {}).get("target"),
+                                      timeout=30, what="the controller's target in status")
+            [conversion] = target["conversions"]
             assert conversion["toRole"] == "prefill" and conversion["pod"] in decode_pods
-            assert deployment(emulator)["spec"]["prefill"]["replicas"] == 2
-            assert deployment(emulator)["spec"]["decode"]["replicas"] == 1
+            assert (target["prefill"], target["decode"]) == (2, 1)
+            assert deployment(emulator)["spec"] == body["spec"]  # the user's spec, untouched
 
             # The operator carries it out through the pod's own worker endpoints.
             await eventually(lambda: conversion["pod"] in pods_by_role(emulator, "prefill"),

@@ -118,17 +118,26 @@ async def test_every_dashboard_query_returns_data(tmp_path):
     stopped = asyncio.Event()
     loop_task = asyncio.create_task(controller.run(stopped))
     targets = [host_port(u) for u in [*workers, router]] + [f"127.0.0.1:{metrics_port}"]
+    # the target labels Kubernetes discovery gives worker pods: namespace, pod NAME-w-xxxxxx
+    pod_labels = {host_port(url): {"namespace": "local", "pod": f"local-w-{index:06x}"}
+                  for index, url in enumerate(workers)}
     try:
         (tmp_path / "prom").mkdir()
-        with running_prometheus(targets, tmp_path / "prom") as prometheus:
+        with running_prometheus(targets, tmp_path / "prom", labels=pod_labels) as prometheus:
             await asyncio.to_thread(prometheus.wait_for_targets, len(targets), 60)
             await asyncio.to_thread(send_traffic, router)
             await asyncio.sleep(4)  # a few more scrapes after the last request
             missing = []
             for name, expr in dashboard_exprs():
-                result = await asyncio.to_thread(prometheus.query, expr)
+                # the controller here is Controller("local", ...): its deployment label
+                query = expr.replace("$namespace", "local").replace("$deployment", "local")
+                result = await asyncio.to_thread(prometheus.query, query)
                 if not result:
-                    missing.append(f"{name}: {expr}")
+                    missing.append(f"{name}: {query}")
+            # what the variables list: the namespace, and the deployment from its pods' names
+            found = await asyncio.to_thread(prometheus.query, "group by (namespace, pod) (baton_worker_role)")
+            pods = {r["metric"].get("pod") for r in found if r["metric"].get("namespace") == "local"}
+            deployments = {m.group(1) for p in pods if (m := re.fullmatch(r"(.+)-w-[0-9a-f]{6}", p or ""))}
     finally:
         stopped.set()
         await loop_task
@@ -138,3 +147,4 @@ async def test_every_dashboard_query_returns_data(tmp_path):
         await asyncio.to_thread(stop, process)
     assert len(dashboard_exprs()) >= 20 and controller.periods > 0
     assert not missing, "queries without data:\n" + "\n".join(missing)
+    assert deployments == {"local"}

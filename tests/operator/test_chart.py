@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+
+from baton.api import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "baton"
@@ -37,7 +40,10 @@ ALL_FEATURES = {
     "imagePullSecrets": [{"name": "registry"}],
     "serviceAccount": {"create": True, "name": "baton", "annotations": {"team": "ml"}},
     "operator": {"watchNamespaces": ["serving", "staging"], "resyncSeconds": 15,
-                 "metricsNamespace": "monitoring", "verbose": True},
+                 "metricsNamespace": "monitoring", "verbose": True,
+                 "metricsPodLabels": {"app.kubernetes.io/name": "prometheus"},
+                 "serviceMonitorLabels": {"release": "kube-prometheus-stack"},
+                 "allowedHostPaths": ["/srv/models"]},
     "podAnnotations": {"example.com/scrape": "true"},
     "podLabels": {"team": "ml"},
     "nodeSelector": {"kubernetes.io/os": "linux"},
@@ -140,3 +146,68 @@ def test_operator_pod_knows_its_namespace_and_passes_the_scrapers():
     assert "--metrics-pod-label={{ $key }}={{ $value }}" in text
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["operator"]
     assert defaults["metricsPodLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_the_operator_flags_the_chart_passes_exist():
+    """Each --flag=... in the chart's operator args is one `baton operator` accepts."""
+    import argparse
+    import re
+
+    from baton.operator import main as operator_main
+
+    parser = argparse.ArgumentParser()
+    operator_main.add_arguments(parser)
+    known = {option for action in parser._actions for option in action.option_strings}
+    text = (CHART / "templates" / "deployment.yaml").read_text()
+    used = set(re.findall(r"^\s*- (--[a-z-]+)", text, flags=re.MULTILINE))
+    assert {"--service-monitor-label", "--metrics-pod-label", "--namespace"} <= used
+    assert used <= known, used - known
+
+
+def test_secrets_are_read_cluster_wide_only_when_every_namespace_is_watched():
+    """With operator.watchNamespaces set, namespaced grants (Secrets among them) come from a
+    Role in each watched namespace; the ClusterRole keeps only cluster-scoped reads."""
+    templates = CHART / "templates"
+    helpers = (templates / "_helpers.tpl").read_text()
+    start = helpers.index('{{- define "baton.namespacedRules" -}}')
+    namespaced = helpers[start:helpers.index("{{- end }}", start)]
+    assert '"secrets"' in namespaced and '"pods"' in namespaced and '"pddeployments"' in namespaced
+    cluster = (templates / "clusterrole.yaml").read_text()
+    assert '"secrets"' not in cluster and '"pods"' not in cluster
+    guarded = cluster[cluster.index("{{- if not .Values.operator.watchNamespaces }}"):]
+    assert 'include "baton.namespacedRules"' in guarded.split("{{- end }}")[0]
+    role = (templates / "role.yaml").read_text()
+    assert "range .Values.operator.watchNamespaces" in role
+    assert "kind: Role\n" in role and "kind: RoleBinding" in role
+    assert 'include "baton.namespacedRules" $' in role
+
+
+def test_uninstall_runs_a_pre_delete_hook_that_removes_the_deployments_first():
+    from baton.cli import COMMANDS
+    from baton.operator import uninstall
+
+    hook = (CHART / "templates" / "uninstall-hook.yaml").read_text()
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert "helm.sh/hook: pre-delete" in helpers and 'include "baton.uninstallHook"' in hook
+    assert "- remove-deployments" in hook and COMMANDS["remove-deployments"][0] == uninstall.__name__
+    assert '"delete"' in hook and "kind: Job" in hook
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["uninstall"]["removeDeployments"]
+
+
+def test_notes_point_only_at_files_the_chart_or_the_repository_holds():
+    """NOTES.txt is what a user reads after `helm install`: every `-f PATH` it gives must exist
+    (in the chart, or in the repository the chart is installed from), or be `-` (stdin)."""
+    import re
+
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    paths = re.findall(r"\s-f\s+(\S+)", notes)
+    assert paths
+    for path in paths:
+        assert path == "-" or (CHART / path).exists() or (ROOT / path).exists(), path
+        if path != "-":
+            assert path.startswith("charts/baton/") or (CHART / path).exists(), path
+    # the inline sample is a valid PDDeployment
+    sample = textwrap.dedent(notes[notes.index("  apiVersion: baton.dev"):notes.index("  EOF")])
+    body = yaml.safe_load(sample.replace("{{ .Chart.AppVersion }}", "0.1.0"))
+    assert body["kind"] == "PDDeployment"
+    parse_spec(body["spec"])

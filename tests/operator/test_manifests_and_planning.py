@@ -8,12 +8,14 @@ import re
 from pathlib import Path
 from unittest import mock
 
+import pytest
 from kubelet_env import started_args
 from netpol import Source, admits
 
-from baton.api import parse_spec
+from baton.api import SpecProblem, parse_spec
 from baton.operator import labels
 from baton.operator import main as operator_main
+from baton.operator.desired import Desired, controller_target, desired_state
 from baton.operator.manifests import policy, router, workers
 from baton.operator.planning import PodView, leaving_pods, migration_peers, plan_pods
 from baton.operator.reconcile import _drift_patch, contains
@@ -65,14 +67,21 @@ def test_worker_pod_from_host_path_and_bundled():
     assert bundled["spec"]["containers"][0]["args"][5] == "bundled"
 
 
-def test_worker_pods_run_with_least_privilege():
+def least_privileged_pods(s):
+    for role in ("prefill", "decode"):
+        yield workers.worker_pod("d", "p", role, s)
+    yield {"spec": router.router_deployment("d", s)["spec"]["template"]["spec"]}
+
+
+def test_worker_and_router_pods_run_with_least_privilege():
     for s in (spec(), spec(model={"source": "pvc", "claimName": "models", "path": "m"})):
-        for role in ("prefill", "decode"):
-            body = workers.worker_pod("d", "p", role, s)
+        for body in least_privileged_pods(s):
             pod_ctx = body["spec"]["securityContext"]
             assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] != 0
             assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
-            assert body["spec"]["automountServiceAccountToken"] is False
+            # workers never call the API; the router watches pods, so it keeps its token
+            assert body["spec"].get("automountServiceAccountToken", True) is (
+                "serviceAccountName" in body["spec"])
             container = body["spec"]["containers"][0]
             ctx = container["securityContext"]
             assert ctx["allowPrivilegeEscalation"] is False and ctx["privileged"] is False
@@ -185,9 +194,8 @@ def test_draining_pods_are_replaced_and_finished():
 
 
 def test_conversion_counts_toward_the_target_pool():
-    s = spec(prefill={"replicas": 1}, decode={"replicas": 2},
-             conversions=[{"pod": "a", "toRole": "decode"}])
-    plan = plan_pods(s, [pod("a", "prefill"), pod("b", "prefill"), pod("c", "decode")])
+    wanted = Desired(1, 2, {"a": "decode"})
+    plan = plan_pods(spec(), [pod("a", "prefill"), pod("b", "prefill"), pod("c", "decode")], wanted)
     assert [(p.name, t) for p, t in plan.convert] == [("a", "decode")]
     assert not plan.create and not plan.start_removal
 
@@ -211,8 +219,11 @@ def test_conditions_keep_transition_time_while_status_holds():
 def test_status_counts_ready_pods_per_pool():
     s = spec(prefill={"replicas": 1}, decode={"replicas": 1})
     pods = [pod("a", "prefill"), pod("b", "decode", ready=False)]
-    status = compute_status({}, 4, s, pods, plan_pods(s, pods), router_ready=1, now="t")
-    assert status["prefill"] == {"desired": 1, "current": 1, "ready": 1}
+    status = compute_status({}, 4, s, pods, plan_pods(s, pods), router_ready=1, now="t",
+                            deployment="d")
+    assert status["prefill"] == {"desired": 1, "current": 1, "ready": 1, "selector":
+                                 "app.kubernetes.io/name=baton,baton.dev/deployment=d,"
+                                 "app.kubernetes.io/component=worker,baton.dev/role=prefill"}
     assert status["decode"]["ready"] == 0 and status["observedGeneration"] == 4
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
 
@@ -254,27 +265,16 @@ def test_router_tokenizes_with_the_workers_model_and_block_size():
     assert parsed.model == worker_args[worker_args.index("--model") + 1] == "/models/llama"
     assert parsed.block_size == 32
     # the router reads the tokenizer from the same claim, mounted where the workers have it
-    volumes = body["spec"]["template"]["spec"]["volumes"]
-    assert [v for v in volumes if v["name"] == "model"] == [
-        {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}]
-    assert [m for m in router_container(body)["volumeMounts"] if m["name"] == "model"] == [
-        {"name": "model", "mountPath": "/models", "readOnly": True}]
+    volumes = {v["name"]: v for v in body["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model"] == {"name": "model", "persistentVolumeClaim": {"claimName": "models",
+                                                                          "readOnly": True}}
+    mounts = {m["name"]: m for m in router_container(body)["volumeMounts"]}
+    assert mounts["model"] == {"name": "model", "mountPath": "/models", "readOnly": True}
 
     bundled = router.router_deployment("d", spec())
     parsed = parser.parse_args(router_container(bundled)["args"][2:])
     assert parsed.model == "bundled" and router_main.model_path(parsed.model) is None
     assert [v["name"] for v in bundled["spec"]["template"]["spec"]["volumes"]] == ["scratch"]
-
-
-def test_router_runs_with_the_workers_least_privilege():
-    pod = router.router_deployment("d", spec())["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    assert pod["securityContext"] == workers.pod_security_context()
-    assert container["securityContext"] == workers.container_security_context()
-    assert container["securityContext"]["readOnlyRootFilesystem"]
-    # the one writable folder is a scratch emptyDir, as for workers
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
-    assert any(v["name"] == "scratch" and "emptyDir" in v for v in pod["volumes"])
 
 
 def test_workers_advertise_their_pod_ip_and_name():
@@ -308,15 +308,44 @@ def test_a_converted_pod_restarts_in_the_role_its_label_says():
 
 
 def test_migration_peers_are_the_decode_workers_that_stay():
-    s = spec(prefill={"replicas": 2}, decode={"replicas": 1},
-             conversions=[{"pod": "d1", "toRole": "prefill"}])
+    wanted = Desired(2, 1, {"d1": "prefill"})
     observed = [pod("p1", "prefill", ip="10.0.0.1"), pod("d1", "decode", ip="10.0.0.2"),
                 pod("d2", "decode", ip="10.0.0.3"), pod("d3", "decode", ip="10.0.0.4", ready=False),
                 pod("d4", "decode", ip="fd00::5")]
-    plan = plan_pods(s, observed)
+    plan = plan_pods(spec(), observed, wanted)
     assert [p.name for p, _ in plan.convert] == ["d1"]
     removed = {p.name for p in plan.start_removal}
     peers = migration_peers(observed, leaving_pods(plan), 8100)
     expected = [url for name, url in (("d2", "http://10.0.0.3:8100"), ("d4", "http://[fd00::5]:8100"))
                 if name not in removed]
     assert peers == expected and "http://10.0.0.2:8100" not in peers
+
+
+AUTOSCALED = {"autoscaling": {"enabled": True, "prefill": {"min": 1, "max": 3},
+                              "decode": {"min": 1, "max": 3}}}
+
+
+def test_the_controllers_target_in_status_rules_while_autoscaling():
+    s = spec(prefill={"replicas": 1}, decode={"replicas": 2}, **AUTOSCALED)
+    status = {"target": {"prefill": 2, "decode": 1, "conversions": [{"pod": "a", "toRole": "prefill"}]}}
+    wanted = desired_state(s, controller_target(status))
+    assert wanted == Desired(2, 1, {"a": "prefill"}, by_controller=True)
+    # the spec's replicas only start the pools; a target outside edited bounds is clamped
+    narrowed = spec(prefill={"replicas": 1}, decode={"replicas": 1},
+                    autoscaling={"enabled": True, "prefill": {"min": 1, "max": 1}})
+    assert desired_state(narrowed, controller_target(status)).prefill == 1
+    # autoscaling off, or no decision yet, or a malformed target: the spec's replicas
+    assert desired_state(spec(prefill={"replicas": 1}), controller_target(status)) == Desired(1, 1)
+    assert desired_state(s, controller_target({})) == Desired(1, 2)
+    assert controller_target({"target": {"prefill": -1}}) is None
+
+
+def test_conversion_requests_are_not_part_of_the_spec():
+    with pytest.raises(SpecProblem, match="conversions"):
+        spec(conversions=[{"pod": "a", "toRole": "decode"}])
+
+
+def test_router_is_ready_only_when_it_can_serve():
+    container = router_container(router.router_deployment("d", spec()))
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"  # alive while waiting

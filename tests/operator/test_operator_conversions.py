@@ -1,6 +1,6 @@
 """Several conversions at once through the Kubernetes actuator, surviving an operator restart.
 
-The autoscaler's actuator names three pods in one spec patch, within the workers'
+The autoscaler's actuator names three pods in one status.target patch, within the workers'
 PodDisruptionBudget (5% of 42 pods rounds up to 3); the operator drains all three side by
 side, is stopped half-way, and a new operator finishes them: every pod ends in its new role.
 """
@@ -27,7 +27,10 @@ async def test_three_conversions_in_flight_survive_an_operator_restart(emulator,
     actuator = KubernetesActuator(client, NAMESPACE, NAME)
     try:
         async with operator_factory():
-            await api(emulator, "POST", PDD, pdd_body(prefill={"replicas": PREFILL}, decode={"replicas": DECODE}))
+            bounds = {"min": 1, "max": PREFILL + DECODE}
+            await api(emulator, "POST", PDD, pdd_body(
+                prefill={"replicas": PREFILL}, decode={"replicas": DECODE},
+                autoscaling={"enabled": True, "prefill": bounds, "decode": bounds}))
             await eventually(lambda: len(pods(emulator)) == PREFILL + DECODE, what="all pods")
             await make_all_ready(emulator)
             await eventually(lambda: pdd_status(emulator).get("prefill", {}).get("ready") == PREFILL,

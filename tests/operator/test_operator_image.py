@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "operator" / "Dockerfile"
 SOURCE_ROOTS = (ROOT / "operator", ROOT / "worker")
 # What the image runs: the `baton` command and the subcommands the chart starts in it.
-ENTRY_MODULES = ("baton.cli", "baton.operator.main", "baton.operator.__main__", "baton.api.crdgen")
+ENTRY_MODULES = ("baton.cli", "baton.operator.main", "baton.operator.__main__", "baton.api.crdgen",
+                 "baton.operator.uninstall")
 
 
 def final_stage(dockerfile: str) -> str:

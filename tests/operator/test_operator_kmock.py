@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from typing import Any
 
 import pytest
-from operator_harness import NAMESPACE, SERVICE_MONITORS, api, declare, eventually
+from operator_harness import NAMESPACE, SERVICE_MONITORS, api, declare, eventually, running_operator
 
 pytestmark = pytest.mark.asyncio
 NAME = "demo"
@@ -132,17 +133,21 @@ async def test_create_builds_children(emulator, operator_factory):
     owner = objects(emulator, "baton.dev/v1alpha1/pddeployments")[NAME]
     assert "baton.dev/operator" in owner["metadata"]["finalizers"]
     assert condition(emulator, "Ready")["status"] == "False"
-    assert pdd_status(emulator)["prefill"] == {"desired": 2, "current": 2, "ready": 0}
+    assert pdd_status(emulator)["prefill"].items() >= {"desired": 2, "current": 2, "ready": 0}.items()
     reasons = {r.data["reason"] for r in events_posted(emulator)}
     assert "Created" in reasons  # one Event per action, on the PDDeployment
 
 
-async def test_service_monitor_when_its_crd_exists(emulator, operator_factory):
+async def test_service_monitor_when_its_crd_exists(emulator, operator_config):
     declare(emulator, SERVICE_MONITORS, "ServiceMonitor")
-    async with operator_factory():
+    # what kube-prometheus-stack's Prometheus selects ServiceMonitors by
+    config = dataclasses.replace(operator_config, service_monitor_labels={"release": "kps"})
+    async with running_operator(config):
         await api(emulator, "POST", PDD, pdd_body())
         monitor = await eventually(lambda: objects(emulator, SERVICE_MONITORS).get(NAME))
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["metadata"]["labels"]["baton.dev/deployment"] == NAME
 
 
 async def test_status_follows_readiness(emulator, operator_factory):
@@ -152,7 +157,7 @@ async def test_status_follows_readiness(emulator, operator_factory):
         await make_all_ready(emulator)
         await eventually(lambda: condition(emulator, "Ready").get("status") == "True",
                          what="Ready=True")
-        assert pdd_status(emulator)["decode"] == {"desired": 2, "current": 2, "ready": 2}
+        assert pdd_status(emulator)["decode"].items() >= {"desired": 2, "current": 2, "ready": 2}.items()
         assert condition(emulator, "Progressing")["status"] == "False"
         # Steady state: further resync passes (every second here) write no status.
         writes = status_writes(emulator)
@@ -243,21 +248,30 @@ async def test_a_host_path_model_is_refused_unless_allowed(emulator, operator_fa
         assert not pods(emulator)
 
 
-async def test_conversion_survives_operator_restart(emulator, operator_factory, fake_worker):
+AUTOSCALED = {"autoscaling": {"enabled": True, "prefill": {"min": 1, "max": 2},
+                              "decode": {"min": 1, "max": 2}}}
+
+
+async def test_conversion_survives_operator_restart_and_a_reapplied_spec(
+        emulator, operator_factory, fake_worker):
     fake_worker.drain_finished = False
+    as_in_git = {"prefill": {"replicas": 2}, "decode": {"replicas": 1}, **AUTOSCALED}
     async with operator_factory():
-        await api(emulator, "POST", PDD, pdd_body(prefill={"replicas": 2}, decode={"replicas": 1}))
+        await api(emulator, "POST", PDD, pdd_body(**as_in_git))
         await eventually(lambda: len(pods(emulator)) == 3)
         await make_all_ready(emulator)
         await eventually(lambda: condition(emulator, "Ready").get("status") == "True")
         chosen = sorted(pods(emulator, "prefill"))[0]
-        await patch_spec(emulator, {"prefill": {"replicas": 1}, "decode": {"replicas": 2},
-                                    "conversions": [{"pod": chosen, "toRole": "decode"}]}, 2)
+        # the controller's decision: status.target, in one patch with the new sizes
+        await api(emulator, "PATCH", f"{PDD}/{NAME}/status", {"status": {"target": {
+            "prefill": 1, "decode": 2, "conversions": [{"pod": chosen, "toRole": "decode"}]}}})
         await eventually(lambda: pods(emulator)[chosen]["metadata"]["labels"]["baton.dev/state"]
                          == "draining", what="conversion started")
         in_flight = await eventually(lambda: pdd_status(emulator).get("conversions"))
         assert in_flight[0]["pod"] == chosen and in_flight[0]["toRole"] == "decode"
         assert in_flight[0]["phase"] == "Draining"
+        # a GitOps tool applies the spec as committed: nothing of the conversion is in it
+        await patch_spec(emulator, as_in_git, generation=2)
     # The operator is gone half-way; the worker finishes draining meanwhile.
     assert "/internal/role" not in fake_worker.paths("POST")
     fake_worker.drain_finished = True
@@ -266,9 +280,11 @@ async def test_conversion_survives_operator_restart(emulator, operator_factory, 
         await eventually(lambda: pods(emulator)[chosen]["metadata"]["labels"]["baton.dev/role"]
                          == "decode", what="relabelled to decode")
         await eventually(lambda: pdd_status(emulator).get("conversions") == [])
+        await eventually(lambda: pdd_status(emulator).get("observedGeneration") == 2)
     labels = pods(emulator)[chosen]["metadata"]["labels"]
     assert labels["baton.dev/state"] == "active"
     assert fake_worker.role == "decode"
     assert fake_worker.paths("POST") == ["/internal/drain", "/internal/role"]
     assert len(pods(emulator)) == 3  # converted in place: nothing created or deleted
-    assert len(pods(emulator, "decode")) == 2
+    assert len(pods(emulator, "decode")) == 2  # the controller's split holds, the spec's 2P1D not
+    assert pdd_status(emulator)["decode"]["desired"] == 2

@@ -58,7 +58,7 @@ def test_crd_shape():
     assert crd["spec"]["scope"] == "Namespaced"
     assert crd["spec"]["names"]["shortNames"] == ["pdd"]
     version = crd["spec"]["versions"][0]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1" and set(version["subresources"]) == {"status", "scale"}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Prefill", "Decode", "Ready", "Age"]
 
@@ -114,7 +114,7 @@ def test_invalid_samples_are_rejected(path):
 def test_each_invalid_sample_fails_for_its_reason():
     by_name = {p.stem: _load(p) for p in INVALID}
     assert any("minimum" in e for e in _schema_errors(by_name["negative-replicas"]))
-    assert any("encode" in e for e in _schema_errors(by_name["unknown-role"]))
+    assert any("nccl" in e for e in _schema_errors(by_name["unsupported-transport"]))
     # Cross-field rules are CEL: the structural schema alone accepts them.
     assert _schema_errors(by_name["min-above-max"]) == []
     assert _cel_errors(by_name["min-above-max"]) == [

@@ -136,6 +136,16 @@ PRINTER_COLUMNS = [
 ]
 
 
+# `kubectl scale pdd NAME --replicas N` and a HorizontalPodAutoscaler size the decode pool:
+# the one that grows with concurrent streams. With spec.autoscaling.enabled the controller's
+# status.target rules instead, so do not point an HPA at an autoscaled PDDeployment.
+SCALE = {
+    "specReplicasPath": ".spec.decode.replicas",
+    "statusReplicasPath": ".status.decode.current",
+    "labelSelectorPath": ".status.decode.selector",
+}
+
+
 def build_crd() -> dict[str, Any]:
     spec_schema = _schema_of(models.PDDeploymentSpec)
     status_schema = _schema_of(models.PDDeploymentStatus)
@@ -173,7 +183,7 @@ def build_crd() -> dict[str, Any]:
                     "name": models.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": root},
                 }

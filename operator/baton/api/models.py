@@ -56,6 +56,10 @@ class EngineSettings(ApiModel):
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one step")
     chunk_size: int = Field(512, ge=1, description="prefill chunk, in tokens")
+    kv_cache_memory_gb: float = Field(
+        1.0, gt=0, description="memory each worker gives its KV cache, in GiB (the workers' "
+        "--kv-cache-memory-gb); a role switch trades it against the step's token budget, so "
+        "size the pools' memory requests to hold it plus the weights")
 
 
 class Toleration(ApiModel):
@@ -76,7 +80,9 @@ class WorkerPool(ApiModel):
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=1, description="tensor-parallel ranks per worker; 1 until the worker "
+        "implements tensor parallelism")
 
 
 class SecretKeyRef(ApiModel):
@@ -100,8 +106,10 @@ class RouterSpec(ApiModel):
 
 
 class KVTransfer(ApiModel):
-    transport: Literal["tcp", "shm", "nccl", "nixl"] = "tcp"
-    bandwidth_gbps: float = Field(10.0, gt=0, description="expected link bandwidth, GB/s")
+    transport: Literal["tcp"] = Field(
+        "tcp", description="how KV caches move between worker pods (the workers' "
+        "--kv-transport); tcp is the one transport between pods: shared memory needs one host, "
+        "and a GPU transport (NCCL, NIXL) is not implemented yet")
 
 
 class PoolBounds(ApiModel):
@@ -154,7 +162,7 @@ class RoleConversion(ApiModel):
     """A request that one worker pod change role in place (written by the controller)."""
 
     pod: str = Field(min_length=1)
-    to_role: Literal["prefill", "decode"]  # the spec has no "both" pool to convert into
+    to_role: Literal["prefill", "decode"]  # there is no "both" pool to convert into
 
 
 def _within(replicas: int, bounds: PoolBounds) -> bool:
@@ -190,7 +198,6 @@ class PDDeploymentSpec(ApiModel):
     router: RouterSpec = Field(default_factory=RouterSpec)
     kv_transfer: KVTransfer = Field(default_factory=KVTransfer)
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
-    conversions: list[RoleConversion] = Field(default_factory=list)
     drain_timeout_seconds: int = Field(
         300, ge=0, description="longest wait for a worker to drain before it is removed anyway"
     )
@@ -212,6 +219,18 @@ class PoolStatus(ApiModel):
     desired: int = 0
     current: int = 0
     ready: int = 0
+    selector: str | None = Field(None, description="label selector of the pool's worker pods "
+                                 "(the scale subresource's, for the decode pool)")
+
+
+class ControllerTarget(ApiModel):
+    """What the controller wants while autoscaling is on: pool sizes, and pods to convert in
+    place. It lives in status, not in the spec: the spec is the user's (and GitOps'), and
+    the operator follows this target instead of spec.*.replicas, within the spec's bounds."""
+
+    prefill: int = Field(ge=0)
+    decode: int = Field(ge=0)
+    conversions: list[RoleConversion] = Field(default_factory=list)
 
 
 class SizingDecision(ApiModel):
@@ -239,6 +258,7 @@ class PDDeploymentStatus(ApiModel):
     decode: PoolStatus = Field(default_factory=PoolStatus)
     router: PoolStatus = Field(default_factory=PoolStatus)
     last_decision: SizingDecision | None = None
+    target: ControllerTarget | None = None
     conversions: list[ConversionStatus] = Field(default_factory=list)
 
 

@@ -24,6 +24,8 @@ class OperatorConfig:
     watch_timeout: int = 300  # server-side watch timeout; the client waits a bit longer
     # besides router and workers, who may call workers: this operator, metrics scrapers
     policy_peers: PolicyPeers = field(default_factory=PolicyPeers)
+    # labels on each deployment's ServiceMonitor, so the cluster's Prometheus selects it
+    service_monitor_labels: dict[str, str] = field(default_factory=dict)
     allowed_host_paths: tuple[str, ...] = ()  # node folders a hostPath model may use; () = none
 
 

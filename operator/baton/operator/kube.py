@@ -50,10 +50,12 @@ def refusal_message(response: httpx.Response) -> str:
     return response.text[:500] or response.reason_phrase
 
 
-def path_for(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+def path_for(kind: str, namespace: str | None, name: str | None = None,
+             sub: str | None = None) -> str:
+    """The REST path of a kind (namespace None: across all namespaces, for lists)."""
     api_version, plural = KINDS[kind]
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
     if name:
         path += f"/{name}"
     if sub:
@@ -114,11 +116,13 @@ class KubeApi:
         return await self._call("GET", path_for(kind, namespace, name), ok_missing=True,
                                 doing=f"reading {kind} {namespace}/{name}")
 
-    async def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    async def list(self, kind: str, namespace: str | None,
+                   labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Objects with all of `labels` in `namespace` (None: in every namespace)."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         body = await self._call("GET", path_for(kind, namespace),
                                 params={"labelSelector": selector}, ok_missing=True,
-                                doing=f"listing {kind} in {namespace}")
+                                doing=f"listing {kind} in {namespace or 'all namespaces'}")
         # Filter here as well: cheap, and correct even against servers that ignore selectors.
         return [obj for obj in (body or {}).get("items", []) if _matches(obj, labels)]
 

@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-pod-label", action="append", default=[], metavar="KEY=VALUE",
                         type=label_pair, help="pods with this label (repeatable; in any "
                         "namespace unless --metrics-namespace) may scrape worker /metrics")
+    parser.add_argument("--service-monitor-label", action="append", default=[],
+                        metavar="KEY=VALUE", type=label_pair,
+                        help="label each deployment's ServiceMonitor with this (repeatable), e.g. "
+                        "release=kube-prometheus-stack, which that stack's Prometheus selects by")
     parser.add_argument("--liveness-port", type=int, default=8080,
                         help="port of kopf's liveness endpoint (/healthz)")
     parser.add_argument("--metrics-port", type=int, default=0,
@@ -49,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
                         scraper_namespace=args.metrics_namespace or None,
                         scraper_labels=dict(args.metrics_pod_label))
     return OperatorConfig(resync_seconds=args.resync_seconds, policy_peers=peers,
+                          service_monitor_labels=dict(args.service_monitor_label),
                           allowed_host_paths=tuple(args.allow_host_path))
 
 

@@ -1,7 +1,8 @@
 """Pure decisions about worker pods: what to create, drain, convert, delete. No I/O.
 
-All state lives in the pods' labels and annotations and in the spec, so a restarted operator
-recomputes the same plan from what it reads and carries on where the last one stopped.
+All state lives in the pods' labels and annotations, the spec and the controller's target
+(status.target), so a restarted operator recomputes the same plan from what it reads and
+carries on where the last one stopped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from baton.api.models import PDDeploymentSpec
 
 from . import labels
+from .desired import Desired, desired_state
 from .manifests.workers import template_hash
 
 POOL_ROLES = ("prefill", "decode")
@@ -94,9 +96,8 @@ class PodPlan:
                     or self.removing)
 
 
-def target_roles(spec: PDDeploymentSpec, pods: list[PodView]) -> dict[str, str]:
-    requested = {c.pod: c.to_role for c in spec.conversions}
-    return {p.name: requested.get(p.name, p.role) for p in pods}
+def target_roles(desired: Desired, pods: list[PodView]) -> dict[str, str]:
+    return {p.name: desired.conversions.get(p.name, p.role) for p in pods}
 
 
 def _removal_order(pod: PodView) -> tuple:
@@ -109,10 +110,13 @@ def _stamp(created: str) -> float:
     return moment.timestamp() if moment else 0.0
 
 
-def plan_pods(spec: PDDeploymentSpec, observed: list[PodView]) -> PodPlan:
+def plan_pods(spec: PDDeploymentSpec, observed: list[PodView],
+              desired: Desired | None = None) -> PodPlan:
+    """desired: the pool sizes and conversions to reach (default: the spec's sizes)."""
+    desired = desired or desired_state(spec, None)
     plan = PodPlan()
     alive = [p for p in observed if not p.deleting]
-    plan.targets = target_roles(spec, alive)
+    plan.targets = target_roles(desired, alive)
     kept: list[PodView] = []
     for pod in alive:
         target = plan.targets[pod.name]
@@ -129,7 +133,7 @@ def plan_pods(spec: PDDeploymentSpec, observed: list[PodView]) -> PodPlan:
     converting = {pod.name for pod, _ in plan.convert}
     for role in sorted({plan.targets[p.name] for p in kept} | set(POOL_ROLES)):
         members = [p for p in kept if plan.targets[p.name] == role]
-        wanted = getattr(spec, role).replicas if role in POOL_ROLES else 0
+        wanted = desired.replicas(role)
         if len(members) < wanted:
             plan.create[role] = wanted - len(members)
         elif len(members) > wanted:

@@ -20,6 +20,7 @@ from baton.api.models import PDDeploymentSpec
 from . import admission, labels, status
 from .actuation import EventSink, PodActuator, event_sink
 from .config import OperatorConfig
+from .desired import Desired, controller_target, desired_state
 from .kube import ApiError, KubeApi
 from .manifests import names, policy, router, workers
 from .planning import (
@@ -81,11 +82,12 @@ class Reconciler:
                 emit("InvalidSpec", str(problem), True)
             return self.config.resync_seconds
 
+        desired = desired_state(spec, controller_target(previous))
         try:
             token = await self._ensure_secret(owner, emit)
             await self._ensure_children(owner, spec, emit)
             async with WorkerClient(token, self.config.worker_port, self.config.worker_timeout) as wc:
-                busy = await self._reconcile_pods(owner, spec, wc, emit)
+                busy = await self._reconcile_pods(owner, spec, desired, wc, emit)
         except ApiError as error:
             # Quota, admission, a bad quantity: the user must see it on the resource itself.
             new = status.error_status(previous, generation, str(error), self._stamp())
@@ -94,9 +96,10 @@ class Reconciler:
             return self.config.busy_seconds * 5
 
         pods = [PodView.of(p) for p in await self._worker_pods(namespace, name)]
-        plan = plan_pods(spec, pods)
+        plan = plan_pods(spec, pods, desired)
         new = status.compute_status(previous, generation, spec, pods, plan,
-                                    await self._router_ready(namespace, name), self._stamp())
+                                    await self._router_ready(namespace, name), self._stamp(),
+                                    deployment=name, desired=desired)
         await self._write_status(namespace, name, previous, new)
         return self.config.busy_seconds if busy or plan.in_flight else self.config.resync_seconds
 
@@ -143,7 +146,7 @@ class Reconciler:
             policy.worker_network_policy(name, self.config.policy_peers),
         ]
         if await self.api.has_api("monitoring.coreos.com/v1"):
-            desired.append(policy.service_monitor(name))
+            desired.append(policy.service_monitor(name, self.config.service_monitor_labels))
         for body in desired:
             current = await self.api.get(body["kind"], namespace, body["metadata"]["name"])
             if current is None:
@@ -156,10 +159,10 @@ class Reconciler:
                      f"({', '.join(sorted(patch))} drifted)", False)
 
     async def _reconcile_pods(self, owner: dict[str, Any], spec: PDDeploymentSpec,
-                              wc: WorkerClient, emit: EventSink) -> bool:
+                              desired: Desired, wc: WorkerClient, emit: EventSink) -> bool:
         namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
         pods = [PodView.of(p) for p in await self._worker_pods(namespace, name)]
-        plan = plan_pods(spec, pods)
+        plan = plan_pods(spec, pods, desired)
         peers = migration_peers(pods, leaving_pods(plan), wc.port)
         act = PodActuator(self.api, wc, namespace, spec.drain_timeout_seconds, emit, self.now, peers)
         for pod in plan.delete_now:

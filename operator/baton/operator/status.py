@@ -7,6 +7,7 @@ from typing import Any
 from baton.api.models import PDDeploymentSpec
 
 from . import labels
+from .desired import Desired, desired_state
 from .planning import POOL_ROLES, PodPlan, PodView
 
 # The status keys this operator owns; others (lastDecision) belong to the controller.
@@ -72,17 +73,25 @@ def _owned(status: dict[str, Any]) -> dict[str, Any]:
     return {k: status[k] for k in OWNED_KEYS if k in status}
 
 
+def pool_selector(deployment: str, role: str) -> str:
+    """The label selector of one pool's worker pods, as a string (the scale subresource's)."""
+    wanted = {**labels.selector(deployment, labels.WORKER), labels.ROLE: role}
+    return ",".join(f"{k}={v}" for k, v in wanted.items())
+
+
 def compute_status(previous: dict[str, Any], generation: int | None, spec: PDDeploymentSpec,
                    pods: list[PodView], plan: PodPlan, router_ready: int,
-                   now: str) -> dict[str, Any]:
+                   now: str, *, deployment: str, desired: Desired | None = None) -> dict[str, Any]:
+    desired = desired or desired_state(spec, None)
     alive = [p for p in pods if not p.deleting and not p.dead]
-    pools: dict[str, dict[str, int]] = {}
+    pools: dict[str, dict[str, Any]] = {}
     for role in POOL_ROLES:
         members = [p for p in alive if p.role == role]
         pools[role] = {
-            "desired": getattr(spec, role).replicas,
+            "desired": desired.replicas(role),
             "current": len(members),
             "ready": sum(1 for p in members if p.serving),
+            "selector": pool_selector(deployment, role),
         }
     conversions = [
         {

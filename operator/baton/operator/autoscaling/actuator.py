@@ -1,8 +1,9 @@
-"""Acting on Kubernetes: the controller only edits the PDDeployment spec; the operator converts.
+"""Acting on Kubernetes: the controller only writes its target; the operator converts.
 
-A conversion is one merge patch of the spec: the new pool sizes plus `conversions: [{pod,
-toRole}]`, so the operator sees both at once and turns the named pod (drain, reshard,
-relabel) instead of deleting one pod and creating another. Scaling patches the sizes only.
+The target is `status.target` of the PDDeployment: the pool sizes and `conversions: [{pod,
+toRole}]`, written in one patch, so the operator sees both at once and turns the named pod
+(drain, reshard, relabel) instead of deleting one pod and creating another. It never
+touches the spec, which belongs to the user and to whatever applies it (GitOps).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from baton.api import SpecProblem, parse_spec
-from baton.api.models import PDDeploymentSpec
 from baton.autoscaler.actuator import ActuationError
 from baton.autoscaler.estimate import ConversionTimes, PoolState
 from baton.autoscaler.inputs import Action, Decision
 
 from .. import labels
+from ..desired import Desired, controller_target, desired_state
 from ..kube import ApiError, KubeApi
 from ..manifests.names import workers_policy_name
 from ..planning import PodView, parse_time
@@ -29,19 +30,20 @@ TARGET_ROLE = {Action.CONVERT_DECODE_TO_PREFILL: "prefill",
                Action.CONVERT_PREFILL_TO_DECODE: "decode"}
 
 
-def pending_conversions(spec: PDDeploymentSpec, pods: list[PodView]) -> list[dict[str, str]]:
-    """Requested conversions not yet done, as spec entries; finished or orphaned ones dropped."""
+def pending_conversions(desired: Desired, pods: list[PodView]) -> list[dict[str, str]]:
+    """Requested conversions not yet done, as target entries; finished or orphaned ones dropped."""
     alive = {p.name: p for p in pods if not p.deleting and not p.dead}
-    return [{"pod": c.pod, "toRole": c.to_role} for c in spec.conversions
-            if c.pod in alive and (alive[c.pod].role != c.to_role
-                                   or alive[c.pod].state != labels.STATE_ACTIVE)]
+    return [{"pod": pod, "toRole": role} for pod, role in desired.conversions.items()
+            if pod in alive and (alive[pod].role != role
+                                 or alive[pod].state != labels.STATE_ACTIVE)]
 
 
-def pool_state(spec: PDDeploymentSpec, pods: list[PodView]) -> PoolState:
-    """The committed split is the spec's; in flight: pending conversions and pods not active."""
-    pending = {c["pod"] for c in pending_conversions(spec, pods)}
+def pool_state(desired: Desired, pods: list[PodView]) -> PoolState:
+    """The committed split is the desired one; in flight: pending conversions and pods not
+    active."""
+    pending = {c["pod"] for c in pending_conversions(desired, pods)}
     busy = {p.name for p in pods if not p.deleting and p.state != labels.STATE_ACTIVE}
-    return PoolState(spec.prefill.replicas, spec.decode.replicas, len(pending | busy))
+    return PoolState(desired.prefill, desired.decode, len(pending | busy))
 
 
 def pick_pod(pods: list[PodView], role: str, excluded: set[str]) -> PodView | None:
@@ -74,18 +76,20 @@ def disruption_allowance(max_unavailable: int | str | None, pods: list[PodView])
     return budget - sum(1 for p in alive if not p.serving)
 
 
-def spec_patch(spec: PDDeploymentSpec, pods: list[PodView], decision: Decision,
-               allowance: int | None = None) -> dict[str, Any]:
-    """The merge patch of `spec` carrying out `decision` (pure); raises ActuationError.
+def target_patch(desired: Desired, pods: list[PodView], decision: Decision,
+                 allowance: int | None = None) -> dict[str, Any]:
+    """The status patch writing the target that carries out `decision` (pure); raises
+    ActuationError.
 
     A decision converting k workers names k pods at once (the newest serving ones), no more
     than the disruption `allowance` leaves; pending conversions stay in the list, so the
     operator carries them all side by side.
     """
     prefill, decode = decision.target
-    patch: dict[str, Any] = {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}}
+    pending = pending_conversions(desired, pods)
+    # The target is written whole (a merge patch replaces lists), pending conversions kept.
+    target: dict[str, Any] = {"prefill": prefill, "decode": decode, "conversions": pending}
     if decision.action in SOURCE_ROLE:
-        pending = pending_conversions(spec, pods)
         wanted = max(1, decision.conversions)
         if allowance is not None:
             if allowance <= 0:
@@ -102,18 +106,17 @@ def spec_patch(spec: PDDeploymentSpec, pods: list[PodView], decision: Decision,
             raise ActuationError(f"no serving {SOURCE_ROLE[decision.action]} pod to convert")
         # Fewer serving pods than asked: the sizes move by the conversions actually named.
         moved = len(chosen) if decision.action is Action.CONVERT_DECODE_TO_PREFILL else -len(chosen)
-        patch["prefill"]["replicas"] = decision.current[0] + moved
-        patch["decode"]["replicas"] = decision.current[1] - moved
-        # A merge patch replaces lists whole, so the pending entries are written again.
-        patch["conversions"] = [*pending, *({"pod": p.name, "toRole": TARGET_ROLE[decision.action]}
-                                            for p in chosen)]
+        target["prefill"] = decision.current[0] + moved
+        target["decode"] = decision.current[1] - moved
+        target["conversions"] = [*pending, *({"pod": p.name, "toRole": TARGET_ROLE[decision.action]}
+                                             for p in chosen)]
     elif decision.action is not Action.SCALE_POOLS:
         raise ActuationError(f"nothing to do for {decision.action.value}")
-    return {"spec": patch}
+    return {"status": {"target": target}}
 
 
 class KubernetesActuator:
-    """Patches one PDDeployment through the operator's own Kubernetes client.
+    """Writes one PDDeployment's status.target through the operator's own Kubernetes client.
 
     It times the conversions it requests, from the patch until the pod serves in its new role
     (seen at a period's `pools()`, so to within a period); those already pending when it
@@ -128,7 +131,7 @@ class KubernetesActuator:
         self.clock = clock
         self.times = ConversionTimes()
 
-    async def _read(self) -> tuple[PDDeploymentSpec, list[PodView]]:
+    async def _read(self) -> tuple[Desired, list[PodView]]:
         body = await self.api.get("PDDeployment", self.namespace, self.name)
         if body is None:
             raise ActuationError(f"PDDeployment {self.namespace}/{self.name} is gone")
@@ -138,28 +141,29 @@ class KubernetesActuator:
             raise ActuationError(f"invalid spec: {problem}") from None
         found = await self.api.list("Pod", self.namespace,
                                     labels.selector(self.name, labels.WORKER))
-        return spec, [PodView.of(p) for p in found]
+        desired = desired_state(spec, controller_target(body.get("status")))
+        return desired, [PodView.of(p) for p in found]
 
     async def pools(self) -> PoolState:
-        spec, pods = await self._read()
+        desired, pods = await self._read()
         alive = {p.name for p in pods if not p.deleting and not p.dead}
-        self.times.follow({c["pod"] for c in pending_conversions(spec, pods)}, self.clock(), alive)
-        found = pool_state(spec, pods)
+        self.times.follow({c["pod"] for c in pending_conversions(desired, pods)}, self.clock(), alive)
+        found = pool_state(desired, pods)
         return PoolState(found.prefill, found.decode, found.in_flight, found.unreachable, self.times.seconds)
 
     async def apply(self, decision: Decision) -> str:
-        spec, pods = await self._read()
+        desired, pods = await self._read()
         try:
             budget = await self.api.get("PodDisruptionBudget", self.namespace, workers_policy_name(self.name))
             max_unavailable = ((budget or {}).get("spec") or {}).get("maxUnavailable")
         except ApiError:
             max_unavailable = 1  # the budget cannot be read: one conversion at a time is safe
-        patch = spec_patch(spec, pods, decision, disruption_allowance(max_unavailable, pods))
-        await self.api.patch("PDDeployment", self.namespace, self.name, patch)
-        sizes = patch["spec"]
-        prefill, decode = sizes["prefill"]["replicas"], sizes["decode"]["replicas"]
-        pending = {c["pod"] for c in pending_conversions(spec, pods)}
-        new = [c for c in sizes.get("conversions", []) if c["pod"] not in pending]
+        patch = target_patch(desired, pods, decision, disruption_allowance(max_unavailable, pods))
+        await self.api.patch("PDDeployment", self.namespace, self.name, patch, sub="status")
+        target = patch["status"]["target"]
+        prefill, decode = target["prefill"], target["decode"]
+        pending = {c["pod"] for c in pending_conversions(desired, pods)}
+        new = [c for c in target["conversions"] if c["pod"] not in pending]
         for entry in new:
             self.times.started(entry["pod"], self.clock())
         if new:

@@ -109,13 +109,16 @@ def worker_network_policy(deployment: str, peers: PolicyPeers | None = None) -> 
     }
 
 
-def service_monitor(deployment: str) -> dict[str, Any]:
-    """Scrapes every worker and router Service of the deployment (their ports are named http)."""
+def service_monitor(deployment: str, extra_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Scrapes every worker and router Service of the deployment (their ports are named http).
+
+    extra_labels: what the cluster's Prometheus selects ServiceMonitors by (kube-prometheus-
+    stack picks only those labelled `release: <its release>`)."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": {"name": router_service_name(deployment),
-                     "labels": labels.common(deployment, labels.WORKER)},
+                     "labels": {**(extra_labels or {}), **labels.common(deployment, labels.WORKER)}},
         "spec": {
             "selector": {"matchLabels": {labels.NAME: "baton", labels.DEPLOYMENT: deployment}},
             "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],

@@ -10,11 +10,13 @@ from .. import labels
 from .names import pool_service_name, router_name, router_service_name
 from .workers import (
     MODEL_VOLUME_MOUNT,
-    SCRATCH_MOUNT,
     container_security_context,
     model_argument,
     model_volume,
     pod_security_context,
+    scratch_env,
+    scratch_mount,
+    scratch_volume,
     token_env,
 )
 
@@ -67,7 +69,7 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         token_env(deployment),
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "BATON_DISAGG_THRESHOLD", "value": str(spec.router.disaggregation_threshold)},
-        {"name": "HOME", "value": SCRATCH_MOUNT},  # the root filesystem is read-only
+        *scratch_env(),
     ]
     if spec.router.api_key_secret is not None:  # the router reads BATON_API_KEY as --api-key
         ref = spec.router.api_key_secret
@@ -85,18 +87,19 @@ def router_deployment(deployment: str, spec: PDDeploymentSpec) -> dict[str, Any]
         "ports": [{"name": "http", "containerPort": labels.ROUTER_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": resources,
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
-        # the workers' least privilege: non-root, read-only root filesystem, no capabilities
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_MOUNT}],
+        "volumeMounts": [scratch_mount()],
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        # ready once some decode worker is active: the Service sends no client to a router
+        # that could only answer 503
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
     }
     pod_spec: dict[str, Any] = {
-        "serviceAccountName": router_name(deployment),
+        "serviceAccountName": router_name(deployment),  # it watches pods: keeps its token
         "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(),  # the same least privilege as workers
         "containers": [container],
-        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "256Mi"}}],
+        "volumes": [scratch_volume("1Gi")],
     }
     volume = model_volume(spec)
     if volume is not None:  # the router reads the tokenizer from the same folder as workers

@@ -52,6 +52,8 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
         "--block-size", str(engine.block_size),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--chunk-size", str(engine.chunk_size),
+        "--kv-cache-memory-gb", f"{engine.kv_cache_memory_gb:g}",
+        "--kv-transport", spec.kv_transfer.transport,
     ]
 
 
@@ -119,13 +121,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             _field_env("POD_IP", "status.podIP"),
             _field_env(ROLE_ENV, f"metadata.labels['{labels.ROLE}']"),
-            # Not worker flags in docs/contracts.md, so passed as environment.
-            {"name": "BATON_KV_TRANSPORT", "value": spec.kv_transfer.transport},
-            {"name": "BATON_KV_BANDWIDTH_GBPS", "value": str(spec.kv_transfer.bandwidth_gbps)},
-            {"name": "BATON_TENSOR_PARALLEL_SIZE", "value": str(pool.tensor_parallel_size)},
-            # the root filesystem is read-only: whatever a library caches goes to scratch
-            {"name": "HOME", "value": SCRATCH_MOUNT},
-            {"name": "XDG_CACHE_HOME", "value": f"{SCRATCH_MOUNT}/cache"},
+            *scratch_env(),
         ],
         "resources": _resources(pool),
         "securityContext": container_security_context(),
@@ -141,9 +137,9 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,  # a worker never calls the Kubernetes API
         "securityContext": pod_security_context(),
-        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "4Gi"}}],
+        "volumes": [scratch_volume("4Gi")],
     }
-    container["volumeMounts"] = [{"name": "scratch", "mountPath": SCRATCH_MOUNT}]
+    container["volumeMounts"] = [scratch_mount()]
     volume = model_volume(spec)
     if volume is not None:
         pod_spec["volumes"].append(volume)
@@ -164,6 +160,20 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         },
         "spec": pod_spec,
     }
+
+
+def scratch_volume(size: str) -> dict[str, Any]:
+    return {"name": "scratch", "emptyDir": {"sizeLimit": size}}
+
+
+def scratch_mount() -> dict[str, Any]:
+    return {"name": "scratch", "mountPath": SCRATCH_MOUNT}
+
+
+def scratch_env() -> list[dict[str, Any]]:
+    """The root filesystem is read-only: whatever a library caches goes to scratch."""
+    return [{"name": "HOME", "value": SCRATCH_MOUNT},
+            {"name": "XDG_CACHE_HOME", "value": f"{SCRATCH_MOUNT}/cache"}]
 
 
 def pod_security_context() -> dict[str, Any]:
