@@ -24,7 +24,7 @@ from typing import Any
 from e2e import helm, ipam
 from e2e.apiserver.server import ApiServer
 from e2e.apiserver.store import Store
-from e2e.controllers import deployments, endpoints, garbage
+from e2e.controllers import deployments, endpoints, garbage, jobs
 from e2e.controllers.loop import run_controller
 from e2e.kubeconfig import render
 from e2e.monitoring import SERVICE_MONITOR_CRD, Prometheus, free_port
@@ -116,6 +116,8 @@ class Cluster:
             asyncio.create_task(self.agent.run()),
             asyncio.create_task(run_controller(self.store, "deployments", {("", "pods"), (
                 "apps", "deployments")}, lambda: deployments.reconcile(self.store))),
+            asyncio.create_task(run_controller(self.store, "jobs", {("", "pods"), (
+                "batch", "jobs")}, lambda: jobs.reconcile(self.store))),
             asyncio.create_task(run_controller(self.store, "endpoints", {("", "pods"), (
                 "", "services")}, lambda: endpoints.reconcile(self.store))),
             asyncio.create_task(run_controller(self.store, "garbage", set(),

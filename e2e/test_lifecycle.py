@@ -240,15 +240,26 @@ def test_every_flow_that_happened_is_admitted_by_the_network_policies(cluster, p
     assert not admitted(stranger, worker, 8100, policies, namespaces)
 
 
-def test_helm_uninstall_removes_the_operator(cluster):
+def test_helm_uninstall_removes_deployments_then_the_operator(cluster):
     from e2e import helm
     from e2e.cluster import RELEASE, RELEASE_NAMESPACE
 
-    helm.uninstall(cluster.kubeconfig, RELEASE_NAMESPACE, RELEASE)
+    leftover = {"apiVersion": "baton.dev/v1alpha1", "kind": "PDDeployment",
+                "metadata": {"name": "leftover"},
+                "spec": {"image": "baton-worker:0.1.0", "prefill": {"replicas": 0},
+                         "decode": {"replicas": 0}}}
+    path = cluster.dir / "leftover.json"
+    path.write_text(json.dumps(leftover))
+    cluster.kubectl("apply", "-f", str(path))
+    wait_for(lambda: cluster.get("pdd", "leftover")["metadata"].get("finalizers"), 60,
+             "the operator to take the PDDeployment in charge")
+    helm.uninstall(cluster.kubeconfig, RELEASE_NAMESPACE, RELEASE)  # its hook deletes them first
 
     def gone():
         left = cluster.get("pods", "-n", RELEASE_NAMESPACE)["items"] + [
             r for r in cluster.get("clusterroles")["items"] if r["metadata"]["name"] == RELEASE]
+        left += cluster.get("pdd", "-A")["items"] + [
+            d for d in cluster.get("deployments")["items"] if d["metadata"]["name"].startswith("leftover")]
         return not left or None
-    wait_for(gone, 120, "the operator's pod and ClusterRole to be removed")
+    wait_for(gone, 180, "the PDDeployment, the operator's pod and ClusterRole to be removed")
     assert "pddeployments.baton.dev" in cluster.kubectl("get", "crd")  # Helm keeps CRDs

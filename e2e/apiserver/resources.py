@@ -59,6 +59,7 @@ BUILTIN: tuple[Resource, ...] = (
     _r("events.k8s.io/v1", "events", "Event", True, ("ev",)),
     _r("apps/v1", "deployments", "Deployment", True, ("deploy",), ("status", "scale")),
     _r("apps/v1", "replicasets", "ReplicaSet", True, ("rs",), ("status",)),
+    _r("batch/v1", "jobs", "Job", True, (), ("status",)),
     _r("discovery.k8s.io/v1", "endpointslices", "EndpointSlice"),
     _r("rbac.authorization.k8s.io/v1", "roles", "Role"),
     _r("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding"),

@@ -91,3 +91,23 @@ def test_service_monitors_become_scrape_jobs_over_ready_endpoints(tmp_path):
     assert targets(elsewhere, [SERVICE], {("ns", "svc"): ep}) == [[]]
     (job,) = config([monitor], tmp_path, "5s")["scrape_configs"]
     assert job["job_name"] == "serviceMonitor/ns/m/0" and job["scrape_interval"] == "15s"
+
+
+def test_a_job_runs_one_pod_to_completion_and_retries_to_its_limit():
+    from e2e.controllers import jobs
+
+    job = {"metadata": {"name": "hook", "uid": "j-uid"},
+           "spec": {"backoffLimit": 1, "template": {"spec": {"restartPolicy": "Never"}}}}
+
+    def with_phase(phase):
+        return {"metadata": {"name": "p"}, "status": {"phase": phase}}
+    assert jobs.plan(job, []).create
+    assert not jobs.plan(job, [with_phase("Running")]).create
+    done = jobs.plan(job, [with_phase("Succeeded")]).status
+    assert done["conditions"][0]["type"] == "Complete" and done["succeeded"] == 1
+    assert jobs.plan(job, [with_phase("Failed")]).create  # one retry left
+    failed = jobs.plan(job, [with_phase("Failed"), with_phase("Failed")]).status
+    assert failed["conditions"][0]["reason"] == "BackoffLimitExceeded"
+    pod = jobs.pod_for(job)
+    assert pod["metadata"]["labels"]["job-name"] == "hook"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "j-uid"
