@@ -60,8 +60,9 @@ def test_a_killed_worker_is_restarted_in_its_role(cluster, policies):
 
 
 def scale_decode(cluster, replicas: int) -> None:
-    cluster.kubectl("patch", "pdd", DEPLOYMENT, "--type=merge", "-p",
-                    json.dumps({"spec": {"decode": {"replicas": replicas}}}))
+    """Through the CRD's scale subresource (the decode pool), as an HPA or a person would."""
+    cluster.kubectl("scale", "pdd", DEPLOYMENT, f"--replicas={replicas}")
+    assert cluster.get("pdd", DEPLOYMENT)["spec"]["decode"]["replicas"] == replicas
 
 
 def test_scaling_decode_down_migrates_running_streams(cluster, policies):

@@ -24,6 +24,7 @@ class Resource:
     categories: tuple[str, ...] = ()
     singular: str = field(default="")
     schema: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
+    scale: dict[str, str] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def api_version(self) -> str:
@@ -89,7 +90,8 @@ def from_crd(crd: dict[str, Any]) -> list[Resource]:
             printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
             categories=tuple(names.get("categories") or ()),
             singular=names.get("singular") or names["kind"].lower(),
-            schema=(version.get("schema") or {}).get("openAPIV3Schema")))
+            schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+            scale=(version.get("subresources") or {}).get("scale")))
     return out
 
 

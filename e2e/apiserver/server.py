@@ -194,6 +194,8 @@ class ApiServer:
             return self._respond(request, res, [obj], single=True)
         if request.method == "GET" and target.name and target.subresource == "status":
             return web.json_response(self.store.get(res, namespace, target.name))
+        if request.method == "GET" and target.name and target.subresource == "scale":
+            return web.json_response(self.store.get_scale(res, namespace, target.name))
         if request.method == "GET":
             match_labels = label_matcher(query.get("labelSelector"))
             match_fields = field_matcher(query.get("fieldSelector"))

@@ -227,11 +227,48 @@ class Store:
 
     def replace(self, res: Resource, namespace: str | None, name: str, body: dict[str, Any],
                 subresource: str | None = None) -> dict[str, Any]:
+        if subresource == "scale":
+            return self._set_scale(res, namespace, name, body)
         expected = (body.get("metadata") or {}).get("resourceVersion")
         return self._write(res, namespace, name, body, subresource, expected)
 
+    def get_scale(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        """The autoscaling/v1 Scale a CRD's scale subresource presents."""
+        if res.scale is None:
+            raise errors.ApiError(404, "NotFound", f"{res.plural} has no scale subresource")
+        obj = self._current(res, namespace, name)
+        paths = res.scale
+        status: dict[str, Any] = {"replicas": _at(obj, paths.get("statusReplicasPath")) or 0}
+        if paths.get("labelSelectorPath") and _at(obj, paths["labelSelectorPath"]):
+            status["selector"] = _at(obj, paths["labelSelectorPath"])
+        meta = obj["metadata"]
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
+                                                   "creationTimestamp") if k in meta},
+                "spec": {"replicas": _at(obj, paths["specReplicasPath"]) or 0}, "status": status}
+
+    def _set_scale(self, res: Resource, namespace: str | None, name: str,
+                   scale: dict[str, Any]) -> dict[str, Any]:
+        current = self._view(res, self._current(res, namespace, name))
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise errors.invalid("Scale", name, "spec.replicas: must be a non-negative integer")
+        node = current
+        *parents, last = res.scale["specReplicasPath"].lstrip(".").split(".")  # type: ignore[index]
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = replicas
+        self._write(res, namespace, name, current, None, None)
+        return self.get_scale(res, namespace, name)
+
     def patch(self, res: Resource, namespace: str | None, name: str, patch: Any,
               content_type: str, subresource: str | None = None) -> dict[str, Any]:
+        if subresource == "scale":
+            try:
+                scale = apply_patch(self.get_scale(res, namespace, name), patch, content_type)
+            except PatchError as e:
+                raise errors.ApiError(422, "Invalid", str(e)) from e
+            return self._set_scale(res, namespace, name, scale)
         current = self._view(res, self._current(res, namespace, name))
         try:
             new = apply_patch(current, patch, content_type)
@@ -272,6 +309,13 @@ class Store:
         meta["resourceVersion"] = self._bump()
         self._emit(res, "DELETED", obj, old)
         return self._view(res, obj)
+
+
+def _at(obj: dict[str, Any], path: str | None) -> Any:
+    node: Any = obj
+    for part in (path or "").lstrip(".").split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _spec_of(obj: dict[str, Any]) -> dict[str, Any]:

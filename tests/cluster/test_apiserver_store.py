@@ -144,3 +144,29 @@ def test_patch_formats():
     assert patched["metadata"] == {"finalizers": ["f"]} and doc["spec"]["keep"] == 1
     with pytest.raises(PatchError):
         apply_patch(doc, [{"op": "test", "path": "/spec/keep", "value": 2}], JSON)
+
+
+def test_a_crd_scale_subresource_reads_and_writes_its_paths(store):
+    crd = json_copy(CRD)
+    crd["spec"]["versions"][0]["subresources"]["scale"] = {
+        "specReplicasPath": ".spec.pool.replicas", "statusReplicasPath": ".status.pool.current",
+        "labelSelectorPath": ".status.pool.selector"}
+    crds = store.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    store.create(crds, None, crd)
+    res = store.resource("example.dev", "v1", "widgets")
+    store.create(res, "default", {"metadata": {"name": "a"}, "spec": {"pool": {"replicas": 1}}})
+    store.patch(res, "default", "a", {"status": {"pool": {"current": 1, "selector": "x=y"}}},
+                MERGE, "status")
+    scale = store.get_scale(res, "default", "a")
+    assert (scale["spec"]["replicas"], scale["status"]) == (1, {"replicas": 1, "selector": "x=y"})
+    store.patch(res, "default", "a", {"spec": {"replicas": 3}}, MERGE, "scale")
+    obj = store.get(res, "default", "a")
+    assert obj["spec"]["pool"]["replicas"] == 3 and obj["metadata"]["generation"] == 2
+    with pytest.raises(errors.ApiError):
+        store.patch(res, "default", "a", {"spec": {"replicas": -1}}, MERGE, "scale")
+
+
+def json_copy(value):
+    import json
+
+    return json.loads(json.dumps(value))
