@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 from . import errors, openapi, protobuf, resources
@@ -214,8 +215,7 @@ class ApiServer:
         if request.method == "PATCH" and target.name:
             content_type = request.headers.get("Content-Type", "")
             if "apply-patch" in content_type:
-                raise errors.ApiError(415, "UnsupportedMediaType",
-                                      "server-side apply is not supported; use kubectl apply")
+                return web.json_response(self.store.apply(res, namespace, target.name, body))
             return web.json_response(self.store.patch(res, namespace, target.name, body,
                                                       content_type, target.subresource))
         if request.method == "DELETE" and target.name:
@@ -228,6 +228,8 @@ class ApiServer:
 
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
+        if request.content_type == "application/apply-patch+yaml":
+            return yaml.safe_load(raw) or {}
         if request.content_type == "application/vnd.kubernetes.protobuf":
             return protobuf.decode(raw)
         if "protobuf" in request.content_type or "cbor" in request.content_type:

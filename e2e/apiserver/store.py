@@ -281,6 +281,19 @@ class Store:
         expected = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
         return self._write(res, namespace, name, new, subresource, expected)
 
+    def apply(self, res: Resource, namespace: str | None, name: str,
+              config: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply, simplified: create the object, or merge the applied configuration
+        into it (lists of named items by name). No field ownership, so no conflicts."""
+        body = copy.deepcopy(config)
+        body.setdefault("metadata", {})["name"] = name
+        if (namespace or "", name) not in self._objects[res.key]:
+            return self.create(res, namespace, body)
+        current = self._view(res, self._current(res, namespace, name))
+        return self._write(res, namespace, name,
+                           apply_patch(current, body, "application/strategic-merge-patch+json"),
+                           None, None)
+
     def delete(self, res: Resource, namespace: str | None, name: str,
                grace_seconds: int | None = None) -> dict[str, Any]:
         obj = self._current(res, namespace, name)

@@ -170,3 +170,11 @@ def json_copy(value):
     import json
 
     return json.loads(json.dumps(value))
+
+
+def test_server_side_apply_creates_then_merges(store):
+    sas = store.resource("", "v1", "serviceaccounts")
+    created = store.apply(sas, "default", "hook", {"metadata": {"labels": {"a": "1"}}})
+    assert created["metadata"]["name"] == "hook"
+    merged = store.apply(sas, "default", "hook", {"metadata": {"labels": {"b": "2"}}})
+    assert merged["metadata"]["labels"] == {"a": "1", "b": "2"}
