@@ -273,6 +273,13 @@ class ApiServer:
             for event in backlog:
                 last = max(last, event.rv)
                 await self._send(response, res, event, namespace, match, as_is=since in ("", "0"))
+            if request.query.get("sendInitialEvents") == "true":
+                # a watch-list (client-go informers) waits for this mark before it syncs
+                mark = {"type": "BOOKMARK", "object": {
+                    "kind": res.kind, "apiVersion": res.api_version, "metadata": {
+                        "resourceVersion": str(last),
+                        "annotations": {"k8s.io/initial-events-end": "true"}}}}
+                await response.write((json.dumps(mark) + "\n").encode())
             while not self._stopping.is_set():
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
