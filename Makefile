@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 IMAGE_TAG  ?= 0.1.0
 
-.PHONY: install run test test-fast lint bench-engine bench-llama-cpp images clean
+.PHONY: install run test test-fast lint bench-engine bench-llama-cpp images clean e2e e2e-envs cluster
 
 install: $(STAMP)
 
@@ -33,7 +33,42 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
-	$(BIN)/ruff check worker operator tests bench
+	$(BIN)/ruff check worker operator tests bench e2e
+
+# --- e2e: the Kubernetes form on this machine (docs/kubernetes.md, "A cluster on one machine") ---
+OPERATOR_ENV := .venv-operator
+HELM_ENV     := .venv-helm
+PODNET       := e2e/.build/podnet.so
+KUBECONFIG_E2E ?= $(CURDIR)/.e2e/kubeconfig
+
+$(OPERATOR_ENV)/.installed: operator/Dockerfile pyproject.toml e2e/envs.py | install
+	$(BIN)/python -m e2e.envs operator $(OPERATOR_ENV)
+
+$(HELM_ENV)/.installed: e2e/envs.py | install
+	$(BIN)/python -m e2e.envs helm $(HELM_ENV)
+
+CHECKOV_ENV  := .venv-checkov
+
+$(CHECKOV_ENV)/.installed: e2e/envs.py | install
+	$(BIN)/python -m e2e.envs checkov $(CHECKOV_ENV)
+
+$(VENV)/.e2e-installed: e2e/requirements.txt | install
+	$(BIN)/pip install --quiet -r e2e/requirements.txt
+	touch $@
+
+$(PODNET): e2e/node/podnet.c
+	mkdir -p $(dir $@)
+	cc -shared -fPIC -O2 -Wall -Wextra -o $@ $< -ldl
+
+e2e-envs: install $(VENV)/.e2e-installed $(OPERATOR_ENV)/.installed $(HELM_ENV)/.installed \
+          $(CHECKOV_ENV)/.installed $(PODNET)
+
+# Start the local cluster and keep it up until Ctrl-C.
+cluster: e2e-envs
+	$(BIN)/python -m e2e.cluster up --kubeconfig $(KUBECONFIG_E2E)
+
+e2e: e2e-envs
+	$(BIN)/python -m pytest -q -p no:cacheprovider e2e
 
 bench-engine: install
 	$(BIN)/python bench/engine.py
@@ -49,4 +84,4 @@ images:
 	docker build -f worker/Dockerfile --build-arg DEVICE=cuda -t baton-worker:$(IMAGE_TAG)-cuda .
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(OPERATOR_ENV) $(HELM_ENV) $(CHECKOV_ENV) e2e/.build .e2e .pytest_cache

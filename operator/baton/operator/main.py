@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(kopf.operator(
         registry=registry,
         clusterwide=not args.namespace,
-        namespaces=args.namespace or None,
+        namespaces=args.namespace,  # kopf wants a collection: None crashes its namespace observer
         standalone=True,
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
     ))

@@ -1,0 +1,25 @@
+"""One local cluster for the whole e2e session: the operator installed, nothing deployed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from e2e.harness import ClusterProcess
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterProcess]:
+    # /var/tmp is where the hostPath scenario writes its model (and outside pods' /tmp)
+    process = ClusterProcess(extra=["--allow-host-path", "/var/tmp"])
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        code = process.stop()
+        if request.session.testsfailed or code != 0:
+            print(f"\ncluster exit code {code}; its folder (logs, flows, requests) is kept "
+                  f"in {process.dir}")
+        else:
+            process.remove()

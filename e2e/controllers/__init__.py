@@ -1,0 +1,1 @@
+"""The controller-manager's part of the local cluster: deployments, endpoints, garbage."""
