@@ -69,6 +69,8 @@ def run(args) -> dict:
         return time.perf_counter() - start, out.token_ids
 
     peer = LlamaCppPeer(path)
+    built_with = PEER_PYTHON.parent.parent / ".built-with"  # written by bench/setup_llama_cpp.sh
+    peer.info["built_with"] = built_with.read_text().strip() if built_with.exists() else "unknown"
     result = {"model_file": path.name, "prompt": PROMPT, "decode_tokens": n, "target_ratio": TARGET,
               "baton": {"quantization": engine.runner.quantization, "prompt_tokens": len(prompt)},
               "llama_cpp": dict(peer.info), "threads": {}}
