@@ -30,7 +30,7 @@ def roles(cluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def shift(cluster):
-    spec = {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32"},
+    spec = {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32", "kvCacheMemoryGb": 0.25},
             "prefill": {"replicas": 1}, "decode": {"replicas": 2},
             "autoscaling": {"enabled": True, "mode": "fixed-fleet", "periodSeconds": 5,
                             "cooldownSeconds": 0, "prometheusUrl": cluster.info["prometheus"],
