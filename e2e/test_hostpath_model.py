@@ -29,7 +29,7 @@ def folder(cluster):
 def deployed(cluster, folder):
     manifest = {"apiVersion": "baton.dev/v1alpha1", "kind": "PDDeployment",
                 "metadata": {"name": NAME},
-                "spec": {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32"},
+                "spec": {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32", "kvCacheMemoryGb": 0.25},
                          "model": {"source": "hostPath", "path": str(folder)}}}
     path = cluster.dir / f"{NAME}.json"
     path.write_text(json.dumps(manifest))
