@@ -46,7 +46,12 @@ class Engine:
         self.tokenizer = source.tokenizer
         self.max_model_len = self.config.max_model_len or self.model_config.max_position_embeddings
         torch.manual_seed(self.config.seed)
-        self.runner = ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
+        if self.config.tensor_parallel_size > 1:
+            from baton.engine.parallel.runner import TensorParallelRunner
+
+            self.runner = TensorParallelRunner(self.config, source, self.device, self.dtype)
+        else:
+            self.runner = ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
         self.blocks = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
@@ -56,6 +61,12 @@ class Engine:
         self._ids = itertools.count()
         self.stats = EngineStats()
         self.step_costs = StepCosts()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks, if any (an engine of one process has none)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config

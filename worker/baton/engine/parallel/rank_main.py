@@ -1,0 +1,138 @@
+"""A tensor-parallel rank other than 0: `python -m baton.engine.parallel.rank_main SPEC`.
+
+It connects to its leader, joins the process group, loads its slice of the model, says
+"ready", and then runs whatever the leader sends: steps (no reply: the step's collectives
+keep the ranks in lock step) and calls (answered). On any error it tells the leader why
+and exits, which also closes its process-group sockets, so a leader waiting in a
+collective fails at once instead of waiting out the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger("baton.engine.parallel.rank")
+
+# what a leader may call on a rank's runner (anything else is refused)
+CALLABLE = ("resize_kv_cache",)
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs to join its group (sent as JSON on the command line)."""
+
+    rank: int
+    size: int
+    model: str | None
+    engine: dict  # EngineConfig fields (dtype resolved by the leader)
+    device: str
+    num_blocks: int
+    store_host: str
+    store_port: int
+    control_host: str
+    control_port: int
+    timeout_s: float  # every collective's limit
+    start_timeout_s: float  # joining the group and loading the model
+    leader_pid: int | None = None  # set when the leader is this process's parent
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RankSpec:
+        return cls(**json.loads(text))
+
+
+def command(spec: RankSpec) -> list[str]:
+    return [sys.executable, "-m", "baton.engine.parallel.rank_main", spec.to_json()]
+
+
+def build_runner(spec: RankSpec):
+    """Join the group and load this rank's slice; returns its ModelRunner."""
+    import datetime
+
+    import torch
+    from torch.distributed import TCPStore
+
+    from baton.engine.config import DTYPES, EngineConfig
+    from baton.engine.loader import load_source
+    from baton.engine.model_runner import ModelRunner
+    from baton.engine.parallel.comm import ShardComm, gloo_group
+    from baton.engine.parallel.shards import shards_for
+
+    config = EngineConfig(model=spec.model, **spec.engine)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    store = TCPStore(spec.store_host, spec.store_port, spec.size, False,
+                     timeout=datetime.timedelta(seconds=spec.start_timeout_s))
+    group = gloo_group(store, spec.rank, spec.size, spec.timeout_s)
+    source = load_source(spec.model)
+    shards = shards_for(source.config, spec.size)
+    comm = ShardComm(group, shards, spec.rank)
+    runner = ModelRunner(config, source.config, source.tensors, torch.device(spec.device),
+                         DTYPES[config.dtype], shards[spec.rank], comm, spec.num_blocks)
+    runner.store = store  # the group's sockets live as long as the runner
+    return runner
+
+
+def serve(conn, runner) -> None:
+    """Run the leader's commands until it says stop (or goes away)."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            log.info("leader gone: rank exits")
+            return
+        kind = message[0]
+        if kind == "step":
+            runner.execute(message[1])
+        elif kind == "call":
+            name, args = message[1], message[2]
+            if name not in CALLABLE:
+                raise ValueError(f"the leader called {name!r}, which a rank does not offer")
+            conn.send(("ok", getattr(runner, name)(*args)))
+        elif kind == "stop":
+            conn.send(("ok", None))
+            return
+        else:
+            raise ValueError(f"unknown command {kind!r} from the leader")
+
+
+def main(argv: list[str]) -> int:
+    spec = RankSpec.from_json(argv[0])
+    logging.basicConfig(level=os.environ.get("BATON_TP_LOG_LEVEL", "WARNING"),
+                        format=f"%(asctime)s %(levelname)s tp-rank-{spec.rank}: %(message)s")
+    if spec.leader_pid is not None and os.getppid() != spec.leader_pid:
+        return 3  # the leader died before this rank could tie its life to it
+    from baton.engine.parallel.control import connect_to_leader
+
+    deadline = time.monotonic() + spec.start_timeout_s
+    conn = connect_to_leader((spec.control_host, spec.control_port), spec.rank, spec.start_timeout_s)
+    try:
+        runner = build_runner(spec)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"loading took longer than {spec.start_timeout_s} s")
+        conn.send(("ready", spec.rank))
+        serve(conn, runner)
+    except BaseException as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        log.error("rank %d failed: %s\n%s", spec.rank, text, traceback.format_exc())
+        try:
+            conn.send(("error", text))
+        except OSError:
+            pass
+        # skip interpreter teardown: the process group's threads may be mid-collective
+        os._exit(1)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)
