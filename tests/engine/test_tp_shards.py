@@ -99,3 +99,11 @@ def test_sliced_projections_recombine_to_the_full_products():
         torch.testing.assert_close(logits, x @ head_w.T)
     norm = torch.randn(hidden)
     assert shard_tensor("model.layers.0.input_layernorm.weight", norm, head_dim, shards[1]) is norm
+
+
+def test_a_workers_cores_are_shared_out_to_its_ranks():
+    from baton.engine.parallel.launcher import rank_cores
+
+    assert [rank_cores([0, 1, 2, 3, 4], 2, r) for r in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [rank_cores([6, 7], 4, r) for r in range(4)] == [[6], [7], [6], [7]]  # fewer cores: shared
+    assert rank_cores([], 3, 1) == []  # no --cpu-core: no pinning

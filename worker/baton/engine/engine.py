@@ -62,6 +62,12 @@ class Engine:
         self.stats = EngineStats()
         self.step_costs = StepCosts()
 
+    @property
+    def failure(self) -> str | None:
+        """Why the engine cannot run steps any more (a tensor-parallel group that went
+        down), or None while it can."""
+        return getattr(self.runner, "failure", None)
+
     def close(self) -> None:
         """Stop the tensor-parallel ranks, if any (an engine of one process has none)."""
         close = getattr(self.runner, "close", None)

@@ -99,6 +99,7 @@ class Worker:
         self.senders.close()
         await self.peers.close()
         self.ae.shutdown()
+        await asyncio.to_thread(self.engine.close)  # stops tensor-parallel ranks, if any
 
     # -- engine thread --------------------------------------------------------------------
     def _after_step(self, outputs, _elapsed) -> None:
@@ -167,5 +168,7 @@ class Worker:
             weights_ptr=engine.runner.model.embed.data_ptr(),
             max_num_batched_tokens=engine.config.max_num_batched_tokens,
             chunk_size=engine.config.chunk_size,
+            tensor_parallel_size=engine.config.tensor_parallel_size,
+            rank_pids=[p.pid for p in getattr(engine.runner, "procs", [])],
         )
         return doc

@@ -34,6 +34,19 @@ def die_with_parent() -> None:
         pass  # not Linux: the leader's close() and the closed control connection still end it
 
 
+def rank_cores(cores: list[int], size: int, rank: int) -> list[int]:
+    """The CPU cores rank `rank` of `size` is pinned to, out of the worker's `cores`: an even
+    share each, or one core shared round-robin when there are fewer cores than ranks
+    (empty: no pinning)."""
+    if not cores:
+        return []
+    if len(cores) < size:
+        return [cores[rank % len(cores)]]
+    base, extra = divmod(len(cores), size)
+    start = rank * base + min(rank, extra)
+    return list(cores[start : start + base + (1 if rank < extra else 0)])
+
+
 class RankProcess:
     """A handle on one started rank."""
 

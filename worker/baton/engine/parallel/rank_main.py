@@ -64,11 +64,15 @@ def build_runner(spec: RankSpec):
     from baton.engine.loader import load_source
     from baton.engine.model_runner import ModelRunner
     from baton.engine.parallel.comm import ShardComm, gloo_group
+    from baton.engine.parallel.launcher import rank_cores
     from baton.engine.parallel.shards import shards_for
 
     config = EngineConfig(model=spec.model, **spec.engine)
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    cores = rank_cores(config.cpu_cores, spec.size, spec.rank)
+    if cores:
+        os.sched_setaffinity(0, cores)
+    if config.threads or cores:
+        torch.set_num_threads(config.threads or len(cores))
     store = TCPStore(spec.store_host, spec.store_port, spec.size, False,
                      timeout=datetime.timedelta(seconds=spec.start_timeout_s))
     group = gloo_group(store, spec.rank, spec.size, spec.timeout_s)
