@@ -43,9 +43,21 @@ def test_tp2_worker_streams_the_same_tokens(tiny_workers):
         assert not a["errors"] and not b["errors"]
         assert len(a["token_ids"]) == GREEDY["max_tokens"]
         assert a["token_ids"] == b["token_ids"]
-    # KV handoffs would carry rank 0's heads only: refused until they carry every rank's
-    reply = tp2.post("/internal/reserve", {"request_id": "r-tp", "prompt_token_ids": [5, 6], "params": GREEDY})
+    # a migrating sequence's KV would fill rank 0's heads only: refused until it fills every rank's
+    reply = tp2.post("/internal/import", {"state": {"request_id": "r-tp"}})
     assert reply.status_code == 409 and reply.json()["error"]["code"] == "tensor_parallel"
+
+
+def test_a_role_switch_resizes_every_ranks_kv_pool(tiny_workers):
+    tp1, tp2 = tiny_workers["tp1"], tiny_workers["tp2"]
+    switched = tp2.post("/internal/role", {"role": "prefill"})
+    assert switched.status_code == 200, switched.text
+    assert tp2.state()["num_blocks"] == 16  # a prefill worker's pool is a quarter of a decode one's
+    assert tp2.post("/internal/role", {"role": "both"}).status_code == 200
+    assert tp2.state()["num_blocks"] == 64
+    # every rank holds the whole pool again: blocks past the small pool's end work everywhere
+    one, two = asyncio.run(_generate_all(tp1)), asyncio.run(_generate_all(tp2))
+    assert [r["token_ids"] for r in one] == [r["token_ids"] for r in two]
 
 
 def test_a_killed_rank_fails_requests_cleanly_and_the_worker_reports_it(tiny_workers):
@@ -71,10 +83,3 @@ def test_a_split_the_model_does_not_allow_stops_the_worker_with_both_numbers():
         capture_output=True, text=True, timeout=180, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode != 0
     assert "tensor-parallel size 2 does not divide the model's 9 query heads" in done.stdout + done.stderr
-
-
-def test_a_role_the_handoff_cannot_serve_yet_is_refused_up_front():
-    done = subprocess.run(
-        [sys.executable, "-m", "baton.cli", "worker", "--insecure-no-token", "--role", "decode",
-         "--tensor-parallel-size", "2"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "--tensor-parallel-size 2 needs --role both" in done.stderr

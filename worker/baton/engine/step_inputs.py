@@ -35,6 +35,9 @@ class StepInputs:
     decode_tables: np.ndarray | None  # int32 [B_d, width]
     decode_context_lens: np.ndarray | None  # int64 [B_d]
     decode_only: bool  # no prefill chunk: the native decode step may run it
+    # tensor parallelism: what the other ranks stream to decode workers during this step
+    # ((export spec, chunk end, block table) per sequence; see parallel/rank_kv.py)
+    exports: list | None = None
 
     @classmethod
     def from_batch(cls, batch: ScheduledBatch, block_size: int) -> tuple[StepInputs, list]:

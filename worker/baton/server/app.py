@@ -24,8 +24,8 @@ from baton.server.streams import relay
 from baton.server.worker import Worker
 
 log = logging.getLogger(__name__)
-# work that moves KV between workers (a tensor-parallel worker cannot yet: see require)
-KV_WORK = ("reserve", "prefill", "import")
+# a migrating sequence's KV: a tensor-parallel worker cannot take it yet (see require)
+KV_WORK = ("import",)
 TOKEN_TIMEOUT_S = 600.0  # longest silence of a token stream (waiting for KV, long prefill)
 
 
@@ -65,7 +65,7 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
         if w.engine.failure is not None:
             raise ApiError(503, f"the engine is down: {w.engine.failure}", "unavailable", "engine_down")
         if work in KV_WORK and w.engine.config.tensor_parallel_size > 1:
-            raise conflict("a tensor-parallel worker does not take part in KV handoffs yet", "tensor_parallel")
+            raise conflict("a tensor-parallel worker does not take migrating sequences yet", "tensor_parallel")
         if not w.lifecycle.accepting:
             raise conflict(f"worker is {w.lifecycle.state}: it takes no new work", "not_accepting")
         if not accepts(w.lifecycle.role, work):

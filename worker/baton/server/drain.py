@@ -90,10 +90,7 @@ class Lifecycle:
         if self.state == RESHARDING:
             raise conflict("a role switch is already in progress", "resharding")
         shape = shape_for_role(role, self.start_role, self.start_shape)
-        tp = self.ae.engine.config.tensor_parallel_size
-        if tp > 1 and role != "both":
-            raise ValueError(f"a worker with tensor-parallel size {tp} can only take role both so far "
-                             f"(not {role}): the KV handoff does not carry its heads yet")
+
         # stop taking work first, so nothing slips in between the check and the reshard
         previous, self.state = self.state, RESHARDING
         try:

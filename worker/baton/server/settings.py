@@ -56,9 +56,6 @@ class WorkerSettings:
                              f"got {self.tpot_objective_s * 1e3!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
-        if self.tensor_parallel_size > 1 and self.role != "both":
-            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size} needs --role both: "
-                             "the KV handoff does not carry a tensor-parallel worker's heads yet")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
         if self.insecure_no_token and not is_loopback(self.host):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import sys
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -85,27 +87,69 @@ def build_runner(spec: RankSpec):
     return runner
 
 
-def serve(conn, runner) -> None:
-    """Run the leader's commands until it says stop (or goes away)."""
-    while True:
+class Serving:
+    """A rank's two threads: the reader takes every message and answers KV calls at once;
+    the compute thread (the main one) runs steps and the other calls in the order sent."""
+
+    def __init__(self, conn, runner, rank: int):
+        from baton.engine.parallel.rank_kv import RankKV
+
+        self.conn, self.runner = conn, runner
+        self._send_lock = threading.Lock()
+        self.kv = RankKV(runner, rank, self.emit)
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+
+    def send(self, message) -> None:
+        with self._send_lock:
+            self.conn.send(message)
+
+    def emit(self, event) -> None:
         try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            log.info("leader gone: rank exits")
-            return
-        kind = message[0]
-        if kind == "step":
-            runner.execute(message[1])
-        elif kind == "call":
-            name, args = message[1], message[2]
-            if name not in CALLABLE:
-                raise ValueError(f"the leader called {name!r}, which a rank does not offer")
-            conn.send(("ok", getattr(runner, name)(*args)))
-        elif kind == "stop":
-            conn.send(("ok", None))
-            return
-        else:
-            raise ValueError(f"unknown command {kind!r} from the leader")
+            self.send(("event", event))
+        except OSError:
+            pass  # the leader is gone; this rank is about to follow it
+
+    def read(self) -> None:
+        from baton.engine.parallel.rank_kv import KV_CALLS
+
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                log.info("leader gone: rank exits")
+                self._work.put(("stop",))
+                return
+            if message[0] == "call" and message[2] in KV_CALLS:
+                _, call_id, name, args = message
+                try:
+                    self.send(("reply", call_id, True, getattr(self.kv, name)(*args)))
+                except Exception as exc:  # one request's KV trouble: the rank serves on
+                    log.exception("%s failed", name)
+                    self.send(("reply", call_id, False, f"{type(exc).__name__}: {exc}"))
+            else:
+                self._work.put(message)
+
+    def compute(self) -> None:
+        """Run the leader's commands until it says stop (or goes away)."""
+        threading.Thread(target=self.read, name="baton-tp-rank-reader", daemon=True).start()
+        try:
+            while True:
+                message = self._work.get()
+                kind = message[0]
+                if kind == "step":
+                    inputs = message[1]
+                    self.runner.execute(inputs, self.kv.step_hook(inputs.exports))
+                elif kind == "call":
+                    _, call_id, name, args = message
+                    if name not in CALLABLE:
+                        raise ValueError(f"the leader called {name!r}, which a rank does not offer")
+                    self.send(("reply", call_id, True, getattr(self.runner, name)(*args)))
+                elif kind == "stop":
+                    return
+                else:
+                    raise ValueError(f"unknown command {kind!r} from the leader")
+        finally:
+            self.kv.close()
 
 
 def main(argv: list[str]) -> int:
@@ -118,17 +162,19 @@ def main(argv: list[str]) -> int:
 
     deadline = time.monotonic() + spec.start_timeout_s
     conn = connect_to_leader((spec.control_host, spec.control_port), spec.rank, spec.start_timeout_s)
+    serving = None
     try:
         runner = build_runner(spec)
         if time.monotonic() > deadline:
             raise TimeoutError(f"loading took longer than {spec.start_timeout_s} s")
-        conn.send(("ready", spec.rank))
-        serve(conn, runner)
+        serving = Serving(conn, runner, spec.rank)
+        serving.send(("ready", spec.rank))
+        serving.compute()
     except BaseException as exc:
         text = f"{type(exc).__name__}: {exc}"
         log.error("rank %d failed: %s\n%s", spec.rank, text, traceback.format_exc())
         try:
-            conn.send(("error", text))
+            (serving.send if serving is not None else conn.send)(("error", text))
         except OSError:
             pass
         # skip interpreter teardown: the process group's threads may be mid-collective

@@ -4,7 +4,8 @@ It starts the other ranks, holds rank 0's own slice, and for every step sends th
 inputs to the ranks before running its share; the collectives inside the step keep the
 ranks in lock step, and the gathered logits come back to it alone. It offers
 ModelRunner's interface, so the engine above it (scheduler, block manager, sampling) does
-not know the model is split.
+not know the model is split; the KV handoff reaches the other ranks' caches through the
+`kv_*` calls (see rank_kv.py).
 
 A failure anywhere (a rank that dies, a collective that times out, an error in rank 0's
 own share) leaves the ranks out of step, so the group is stopped and every later step
@@ -27,6 +28,7 @@ from baton.engine.config import EngineConfig
 from baton.engine.model_runner import ModelRunner, kv_pool_blocks
 from baton.engine.parallel.comm import ShardComm, gloo_group
 from baton.engine.parallel.control import AUTHKEY_ENV, ControlListener
+from baton.engine.parallel.group import RankGroup, TensorParallelError
 from baton.engine.parallel.launcher import LocalLauncher
 from baton.engine.parallel.rank_main import RankSpec, command
 from baton.engine.parallel.shards import local_config, shards_for
@@ -35,9 +37,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.2
 _FAILURE_GRACE_S = 1.0  # how long a failed step waits for the ranks to say what went wrong
 
-
-class TensorParallelError(RuntimeError):
-    """The tensor-parallel group failed; the message says which rank and why."""
+__all__ = ["TensorParallelError", "TensorParallelRunner"]
 
 
 class TensorParallelRunner:
@@ -48,23 +48,25 @@ class TensorParallelRunner:
         size = config.tensor_parallel_size
         if device.type != "cpu":
             raise ValueError(f"tensor parallelism runs on CPU (gloo) so far, not on {device.type}")
-        shards = shards_for(source.config, size)  # a size the model cannot split fails here
-        self.config, self.size = config, size
+        self.shards = shards = shards_for(source.config, size)  # a size the model cannot split fails here
+        self.config, self.size, self.dtype = config, size, dtype
         self.full_config = source.config
         self.block_size = config.block_size
         self.native = None
+        self.on_kv_event = None  # fn(rank, event): rank KV transfers finishing (rank_kv.py)
         num_blocks = config.num_kv_blocks or kv_pool_blocks(config, local_config(source.config, shards[0]), dtype)
         self._failure: str | None = None
         self._lock = threading.Lock()
         self._launcher = launcher or LocalLauncher()
         self._listener = ControlListener(host)
+        self.group: RankGroup | None = None
         start_s, timeout_s = config.tensor_parallel_start_timeout_s, config.tensor_parallel_timeout_s
         self._store = TCPStore(host, 0, size, True, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=start_s))
         engine = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("model", "extra")}
         engine["dtype"] = str(dtype).removeprefix("torch.")
         env = {**os.environ, AUTHKEY_ENV: self._listener.authkey.hex()}
-        self.procs, self.conns = [], {}
+        self.procs: list = []
         deadline = time.monotonic() + start_s
         try:
             for rank in range(1, size):
@@ -74,13 +76,14 @@ class TensorParallelRunner:
                                 timeout_s=timeout_s, start_timeout_s=start_s,
                                 leader_pid=os.getpid() if isinstance(self._launcher, LocalLauncher) else None)
                 self.procs.append(self._launcher.start(rank, command(spec), env))
-            self.conns = self._listener.accept_ranks(set(range(1, size)), deadline, self._check_alive)
-            group = self._wait_for(lambda: gloo_group(self._store, 0, size, timeout_s), deadline,
-                                   "joining the process group")
-            self.comm = ShardComm(group, shards, 0)
+            conns = self._listener.accept_ranks(set(range(1, size)), deadline, self._check_started)
+            self.group = RankGroup(self.procs, conns, on_event=self._kv_event)
+            process_group = self._wait_for(lambda: gloo_group(self._store, 0, size, timeout_s), deadline,
+                                           "joining the process group")
+            self.comm = ShardComm(process_group, shards, 0)
             self.local = ModelRunner(config, source.config, source.tensors, device, dtype, shards[0],
                                      self.comm, num_blocks)
-            self._collect_replies("ready", deadline)
+            self.group.wait_ready(deadline)
         except BaseException:
             self.close()
             raise
@@ -111,6 +114,7 @@ class TensorParallelRunner:
 
     def run(self, batch, layer_hook=None):
         inputs, sampling = self.local.prepare(batch)
+        inputs.exports = _rank_exports(batch)
         self._send_all(("step", inputs))
         hook_errors: list[BaseException] = []
         try:
@@ -122,8 +126,18 @@ class TensorParallelRunner:
         return sampling, logits
 
     def resize_kv_cache(self, num_blocks: int) -> None:
-        self._call_all("resize_kv_cache", num_blocks)
+        self._call("resize_kv_cache", num_blocks)
         self.local.resize_kv_cache(num_blocks)
+
+    # -- the KV handoff on the other ranks (rank_kv.py) -------------------------------------------
+    def kv_call(self, name: str, *args) -> list:
+        """A KV call on every other rank (answered at once, even mid-step); their results."""
+        return self._call(name, *args)
+
+    def _kv_event(self, rank: int, event) -> None:
+        handler = self.on_kv_event
+        if handler is not None:
+            handler(rank, event)
 
     # -- the group ----------------------------------------------------------------------------
     @property
@@ -135,16 +149,7 @@ class TensorParallelRunner:
         if self._failure is not None:
             raise TensorParallelError(f"the tensor-parallel group is down: {self._failure}")
 
-    def _check_alive(self) -> None:
-        """Raise, naming the rank, when a rank has exited or reported an error."""
-        for rank, conn in self.conns.items():
-            if conn.poll():
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    message = None
-                if message is not None and message[0] == "error":
-                    raise TensorParallelError(f"tensor-parallel rank {rank} failed: {message[1]}")
+    def _check_started(self) -> None:
         for proc in self.procs:
             code = proc.poll()
             if code is not None:
@@ -152,36 +157,17 @@ class TensorParallelRunner:
 
     def _send_all(self, message) -> None:
         self._check_usable()
-        for rank, conn in self.conns.items():
-            try:
-                conn.send(message)
-            except OSError as exc:
-                raise self._fail(f"rank {rank} cannot be reached: {exc}") from exc
-
-    def _call_all(self, name: str, *args) -> list:
-        self._send_all(("call", name, args))
-        return self._collect_replies("ok", time.monotonic() + self.config.tensor_parallel_timeout_s)
-
-    def _collect_replies(self, kind: str, deadline: float) -> list:
-        """Each rank's next message, which must be `kind`, by `deadline`."""
-        replies = {}
         try:
-            while len(replies) < len(self.conns):
-                for rank, conn in self.conns.items():
-                    if rank not in replies and conn.poll(0):
-                        message = conn.recv()
-                        if message[0] == "error":
-                            raise TensorParallelError(f"tensor-parallel rank {rank} failed: {message[1]}")
-                        replies[rank] = message[1]
-                if len(replies) < len(self.conns):
-                    self._check_alive()
-                    if time.monotonic() > deadline:
-                        missing = sorted(set(self.conns) - set(replies))
-                        raise TimeoutError(f"tensor-parallel ranks {missing} did not answer in time")
-                    time.sleep(0.01)
-        except (TensorParallelError, TimeoutError, EOFError, OSError) as exc:
+            self.group.send(message)
+        except OSError as exc:
             raise self._fail(str(exc)) from exc
-        return [replies[rank] for rank in sorted(replies)]
+
+    def _call(self, name: str, *args) -> list:
+        self._check_usable()
+        try:
+            return self.group.call(name, *args, timeout_s=self.config.tensor_parallel_timeout_s)
+        except (TensorParallelError, TimeoutError, OSError) as exc:
+            raise self._fail(str(exc)) from exc
 
     def _wait_for(self, fn, deadline: float, what: str):
         """fn() on a helper thread, watching the ranks while it blocks."""
@@ -192,7 +178,7 @@ class TensorParallelRunner:
             try:
                 return future.result(timeout=_POLL_S)
             except concurrent.futures.TimeoutError:
-                self._check_alive()
+                self.group.check_alive()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"tensor-parallel group: {what} took too long") from None
 
@@ -201,29 +187,18 @@ class TensorParallelRunner:
         any within a moment), and return the error to raise."""
         with self._lock:
             if self._failure is None:
-                deadline = time.monotonic() + _FAILURE_GRACE_S
-                while time.monotonic() < deadline:
-                    try:
-                        self._check_alive()
-                    except TensorParallelError as exc:
-                        reason = f"{exc} ({reason})"
-                        break
-                    time.sleep(0.05)
-                self._failure = reason
-                log.error("tensor-parallel group stopped: %s", reason)
+                told = self.group.describe_failure(_FAILURE_GRACE_S) if self.group else None
+                self._failure = reason if told is None or told in reason else f"{told} ({reason})"
+                log.error("tensor-parallel group stopped: %s", self._failure)
                 self._stop_ranks()
         return TensorParallelError(f"the tensor-parallel group is down: {self._failure}")
 
     def _stop_ranks(self) -> None:
-        for conn in self.conns.values():
-            try:
-                conn.send(("stop",))
-            except OSError:
-                pass
-        for proc in self.procs:
-            proc.stop()
-        for conn in self.conns.values():
-            conn.close()
+        if self.group is not None:
+            self.group.stop()
+        else:
+            for proc in self.procs:
+                proc.stop(grace_s=0)
 
     def close(self) -> None:
         """Stop every rank (idempotent)."""
@@ -232,9 +207,20 @@ class TensorParallelRunner:
                 self._failure = "closed"
             self._stop_ranks()
             self.procs = []
-            self.conns = {}
             self._listener.close()
             self._launcher.close()
+
+
+def _rank_exports(batch) -> list | None:
+    """What the other ranks must stream this step: each prefill sequence's `rank_export`
+    (set by the prefill service) with the chunk it computes now and its block table."""
+    chunks = [*batch.prefills, *((seq, 1) for seq in batch.decodes)]
+    exports = [
+        (seq.rank_export, seq.num_computed_tokens + n, list(seq.block_table))
+        for seq, n in chunks
+        if getattr(seq, "rank_export", None) is not None
+    ]
+    return exports or None
 
 
 def _guarded(hook, errors: list):
