@@ -75,11 +75,11 @@ def test_a_killed_rank_fails_requests_cleanly_and_the_worker_reports_it(tiny_wor
     assert later.status_code == 503
 
 
-def test_a_split_the_model_does_not_allow_stops_the_worker_with_both_numbers():
-    """The bundled SmolLM2 has 9 query heads: TP=2 cannot split them."""
+def test_a_split_the_model_does_not_allow_stops_the_worker_with_both_numbers(tmp_path):
+    model = write_tiny_llama(tmp_path / "six-heads", num_attention_heads=6, num_key_value_heads=3)
     done = subprocess.run(
         [sys.executable, "-m", "baton.cli", "worker", "--insecure-no-token", "--port", "0", "--kv-port", "0",
-         "--dtype", "float32", "--num-kv-blocks", "16", "--tensor-parallel-size", "2"],
+         "--model", str(model), "--num-kv-blocks", "16", "--tensor-parallel-size", "4"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode != 0
-    assert "tensor-parallel size 2 does not divide the model's 9 query heads" in done.stdout + done.stderr
+    assert "tensor-parallel size 4 does not divide the model's 6 query heads" in done.stdout + done.stderr
