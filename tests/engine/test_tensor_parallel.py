@@ -14,6 +14,7 @@ import time
 import pytest
 
 from baton.engine import SamplingParams
+from baton.engine.native.decoder import unavailable_reason
 from tests.engine.conftest import make_engine
 from tests.engine.tiny_llama import write_tiny_llama
 
@@ -75,10 +76,27 @@ def test_tiny_model_is_token_identical_to_one_process(tiny_model, tiny_reference
         assert engine.runner.model_config.num_heads == 8 // tp
         assert engine.runner.model_config.num_kv_heads == 4 // tp
         assert all(p.poll() is None for p in engine.runner.procs)
+        native = engine.runner.local.native  # decode steps: the native step on each slice
+        native_steps = _count_calls(native, "step") if native is not None else None
         assert_same_run(generate_recording_logits(engine, TINY_PROMPTS, TINY_TOKENS), tiny_reference)
+        if native is not None:
+            assert native_steps[0] >= TINY_TOKENS - 2
+        elif unavailable_reason(engine.runner.model, engine.device, engine.dtype) is None:
+            pytest.fail("the native decode step is available but a rank did not use it")
     finally:
         engine.close()
     assert engine.runner.procs == []
+
+
+def _count_calls(obj, name):
+    count, original = [0], getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return count
 
 
 @pytest.mark.slow

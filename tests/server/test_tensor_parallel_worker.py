@@ -64,6 +64,10 @@ def test_a_killed_rank_fails_requests_cleanly_and_the_worker_reports_it(tiny_wor
     tp2 = tiny_workers["tp2"]
     [rank_pid] = tp2.state()["rank_pids"]
     os.kill(rank_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10  # an idle worker notices too: its health says so
+    while tp2.get("/health").status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert tp2.get("/health").status_code == 503
     started = time.monotonic()
     result = asyncio.run(generate(tp2, PROMPTS[1], GREEDY))
     assert time.monotonic() - started < 30  # an error, not a wait for the collective timeout

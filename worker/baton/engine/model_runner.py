@@ -49,11 +49,12 @@ class ModelRunner:
         self.model.prepare()
         self.num_blocks = num_blocks or self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
-        self.native = None
+        self.comm = comm
         if comm is not None:
-            self.model.set_comm(comm)  # the native step has no collectives: torch path
-        else:
-            self.native = NativeDecoder.build(self.model, self.kv_caches, device, dtype)
+            self.model.set_comm(comm)
+        # under tensor parallelism its sums over the ranks come in the torch path's order, so
+        # ranks may take either path in one step
+        self.native = NativeDecoder.build(self.model, self.kv_caches, device, dtype, comm)
 
     # -- KV cache --------------------------------------------------------------------
     def block_bytes(self) -> int:
@@ -91,7 +92,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.kv_caches = self._allocate_kv_cache(num_blocks)
         if self.native is not None:  # its cache pointers are the old pool's
-            self.native = NativeDecoder.build(self.model, self.kv_caches, self.device, self.dtype)
+            self.native = NativeDecoder.build(self.model, self.kv_caches, self.device, self.dtype, self.comm)
 
     # -- one step ----------------------------------------------------------------------
     def run(self, batch: ScheduledBatch, layer_hook=None) -> tuple[list[Sequence], torch.Tensor]:

@@ -101,6 +101,14 @@ class RankGroup:
             if code is not None:
                 raise TensorParallelError(f"tensor-parallel rank {proc.rank} exited with code {code}")
 
+    def problem(self) -> str | None:
+        """What check_alive would raise, without raising."""
+        try:
+            self.check_alive()
+        except TensorParallelError as exc:
+            return str(exc)
+        return None
+
     def describe_failure(self, grace_s: float) -> str | None:
         """Within `grace_s`, the first thing that went wrong with a rank (or None)."""
         deadline = time.monotonic() + grace_s

@@ -142,7 +142,10 @@ class TensorParallelRunner:
     # -- the group ----------------------------------------------------------------------------
     @property
     def failure(self) -> str | None:
-        """Why the group stopped, or None while it works."""
+        """Why the group stopped or cannot step again (a rank is gone even if no step has
+        run into it yet), or None while it works."""
+        if self._failure is None and self.group is not None:
+            return self.group.problem()
         return self._failure
 
     def _check_usable(self) -> None:
