@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 IMAGE_TAG  ?= 0.1.0
 
-.PHONY: install run test test-fast lint bench-engine bench-llama-cpp images clean e2e e2e-envs cluster
+.PHONY: install run test test-fast test-tp lint bench-engine bench-llama-cpp images clean e2e e2e-envs cluster
 
 install: $(STAMP)
 
@@ -27,10 +27,14 @@ run: install
 	$(BIN)/baton demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not heavy"
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not heavy"
+
+# the tensor-parallel P/D matrices: tiny model over shared memory, SmolLM2 TP 1 and 3
+test-tp: install
+	$(BIN)/python -m pytest -q -m heavy tests/server/test_tp_handoff.py
 
 lint: install
 	$(BIN)/ruff check worker operator tests bench e2e

@@ -90,7 +90,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     role: str = "both"
     seed: int = 0
-    threads: int | None = None  # torch CPU threads; None leaves torch's default
+    threads: int | None = None  # torch CPU threads (of each rank); None leaves torch's default
+    tensor_parallel_size: int = 1  # ranks (processes) the model is split over
+    cpu_cores: list[int] = field(default_factory=list)  # the worker's cores, shared out to its ranks
+    tensor_parallel_timeout_s: float = 60.0  # longest wait in one collective or command
+    tensor_parallel_start_timeout_s: float = 300.0  # ranks joining and loading their slices
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -111,6 +115,10 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be positive")
         if self.max_num_seqs <= 0:
             raise ValueError("max_num_seqs must be positive")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.tensor_parallel_timeout_s <= 0 or self.tensor_parallel_start_timeout_s <= 0:
+            raise ValueError("tensor-parallel timeouts must be positive")
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         return self.dtype_choice(device)[0]

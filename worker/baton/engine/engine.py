@@ -38,7 +38,12 @@ class Engine:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         self.device = self.config.torch_device()
-        source = load_source(model, keep_quantized=self.config.quantization == "auto")
+        # quantized blocks are not split over tensor-parallel ranks (yet): such a group
+        # loads the checkpoint's matrices dequantized
+        keep_quantized = self.config.quantization == "auto" and self.config.tensor_parallel_size == 1
+        if self.config.quantization == "auto" and not keep_quantized:
+            log.info("quantization auto: full-precision weights under tensor parallelism")
+        source = load_source(model, keep_quantized=keep_quantized)
         self.dtype, why = self.config.dtype_choice(self.device, source.quantized)
         log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), why)
         self.model_name = source.name
@@ -46,7 +51,12 @@ class Engine:
         self.tokenizer = source.tokenizer
         self.max_model_len = self.config.max_model_len or self.model_config.max_position_embeddings
         torch.manual_seed(self.config.seed)
-        self.runner = ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
+        if self.config.tensor_parallel_size > 1:
+            from baton.engine.parallel.runner import TensorParallelRunner
+
+            self.runner = TensorParallelRunner(self.config, source, self.device, self.dtype)
+        else:
+            self.runner = ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
         self.blocks = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
@@ -56,6 +66,18 @@ class Engine:
         self._ids = itertools.count()
         self.stats = EngineStats()
         self.step_costs = StepCosts()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine cannot run steps any more (a tensor-parallel group that went
+        down), or None while it can."""
+        return getattr(self.runner, "failure", None)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks, if any (an engine of one process has none)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config

@@ -41,6 +41,9 @@ class Sequence:
     # prefill side of a handoff: called after each layer with
     # (layer, k_cache, v_cache, first token of this chunk, end of this chunk)
     layer_listener: object | None = None
+    # under tensor parallelism, what the other ranks stream of this prompt's KV (a
+    # picklable spec; see engine/parallel/rank_kv.py)
+    rank_export: object | None = None
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -106,13 +106,16 @@ class LayerStreamer:
         clock=time.perf_counter,
         buffers: BufferPool = SEND_BUFFERS,
         blocks_stable: bool = False,
+        src_head_base: int = 0,
     ):
         """`src_block_ids`/`src_block_size`: where the prompt's KV lies in *this* worker's
         cache; the ticket says where it goes on the receiver. `loop` runs `sender` on
         another thread (BackgroundLoop().loop, or the worker server's own loop).
         `blocks_stable`: the caller guarantees nothing writes those blocks of a layer once
         it is reported, and keeps them until `closed()` is done; the layers then go out
-        from the blocks themselves, without a copy."""
+        from the blocks themselves, without a copy. `src_head_base`: the first model head
+        this worker's cache holds (a tensor-parallel rank's shard); the ticket names model
+        heads."""
         self.ticket = ticket
         self.sender = sender
         self.loop = loop
@@ -125,6 +128,7 @@ class LayerStreamer:
         self._queue: asyncio.Queue | None = None
         self._queue_ready = threading.Event()
         self.blocks_stable = blocks_stable
+        self.src_head_base = src_head_base
         self._aborted = False
         self._transfer = None  # the open transfer, on the loop
         self._error: BaseException | None = None
@@ -140,7 +144,8 @@ class LayerStreamer:
         if self._error is not None:
             return  # the transfer already failed; finish() will say why, compute goes on
         t = self.ticket
-        args = (self.src_block_ids, self.src_block_size, t.num_tokens, t.head_start, t.head_end)
+        base = self.src_head_base
+        args = (self.src_block_ids, self.src_block_size, t.num_tokens, t.head_start - base, t.head_end - base)
         payload = view_payload(k_cache, v_cache, *args, t.layer_payload_shape) if self.blocks_stable else None
         if payload is None:
             payload = self._gather(k_cache, v_cache, args)

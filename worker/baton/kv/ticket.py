@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
 
@@ -48,10 +48,15 @@ class Ticket:
     head_end: int
     num_tokens: int  # prompt tokens whose KV will arrive
     expires_at: float  # unix seconds
+    # a tensor-parallel decode worker: where each of its ranks receives the KV heads it owns
+    # (rank 0's is kv_endpoint); empty for a worker of one process
+    rank_endpoints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.block_ids, list):
             object.__setattr__(self, "block_ids", tuple(self.block_ids))
+        if isinstance(self.rank_endpoints, list):
+            object.__setattr__(self, "rank_endpoints", tuple(self.rank_endpoints))
         self.validate_structure()
 
     # -- validation ---------------------------------------------------------------------
@@ -87,6 +92,12 @@ class Ticket:
             raise ValueError(
                 "block_ids: a block id appears twice; tokens would overwrite each other"
             )
+        if not isinstance(self.rank_endpoints, tuple):
+            raise ValueError(f"rank_endpoints: expected a list of endpoints, got {self.rank_endpoints!r}")
+        for endpoint in self.rank_endpoints:
+            parse_endpoint(endpoint)
+        if self.rank_endpoints and self.rank_endpoints[0] != self.kv_endpoint:
+            raise ValueError("rank_endpoints: rank 0's endpoint must be kv_endpoint")
         if isinstance(self.expires_at, bool) or not isinstance(self.expires_at, int | float):
             raise ValueError(f"expires_at: expected unix seconds, got {self.expires_at!r}")
         if not math.isfinite(self.expires_at):
@@ -130,6 +141,7 @@ class Ticket:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["block_ids"] = list(self.block_ids)
+        data["rank_endpoints"] = list(self.rank_endpoints)
         return data
 
     @classmethod
@@ -143,13 +155,17 @@ class Ticket:
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown ticket field (known: {names})")
-        missing = [n for n in names if n not in data]
+        optional = {f.name for f in fields(cls) if f.default is not MISSING}
+        missing = [n for n in names if n not in data and n not in optional]
         if missing:
             raise ValueError(f"{missing[0]}: missing from ticket")
         block_ids = data["block_ids"]
         if not isinstance(block_ids, list | tuple):
             raise ValueError(f"block_ids: expected a list of integers, got {block_ids!r}")
-        ticket = cls(**{**data, "block_ids": tuple(block_ids)})
+        rank_endpoints = data.get("rank_endpoints", ())
+        if not isinstance(rank_endpoints, list | tuple):
+            raise ValueError(f"rank_endpoints: expected a list of endpoints, got {rank_endpoints!r}")
+        ticket = cls(**{**data, "block_ids": tuple(block_ids), "rank_endpoints": tuple(rank_endpoints)})
         if not allow_expired:
             ticket.check_not_expired(now)
         return ticket

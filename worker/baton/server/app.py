@@ -25,6 +25,8 @@ from baton.server.streams import relay
 from baton.server.worker import Worker
 
 log = logging.getLogger(__name__)
+# a migrating sequence's KV: a tensor-parallel worker cannot take it yet (see require)
+KV_WORK = ("import",)
 TOKEN_TIMEOUT_S = 600.0  # longest silence of a token stream (waiting for KV, long prefill)
 
 
@@ -61,6 +63,10 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
     ReadyWorker = Annotated[Worker, Depends(ready_worker)]
 
     def require(w: Worker, work: str) -> None:
+        if w.engine.failure is not None:
+            raise ApiError(503, f"the engine is down: {w.engine.failure}", "unavailable", "engine_down")
+        if work in KV_WORK and w.engine.config.tensor_parallel_size > 1:
+            raise conflict("a tensor-parallel worker does not take migrating sequences yet", "tensor_parallel")
         if not w.lifecycle.accepting:
             raise conflict(f"worker is {w.lifecycle.state}: it takes no new work", "not_accepting")
         if not accepts(w.lifecycle.role, work):
@@ -69,10 +75,15 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
     # -- probes and metrics ---------------------------------------------------------------
     @app.get("/health")
     async def health():
+        # a tensor-parallel group that lost a rank cannot step again: restart the worker
+        if worker.loaded and worker.engine.failure is not None:
+            return JSONResponse({"status": "failed", "reason": worker.engine.failure}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/ready")
     async def ready():
+        if worker.loaded and worker.engine.failure is not None:
+            return JSONResponse({"status": "failed", "reason": worker.engine.failure}, status_code=503)
         if worker.loaded and worker.lifecycle.accepting:
             return {"status": "ready", "role": worker.lifecycle.role}
         state = worker.lifecycle.state if worker.loaded else "loading"

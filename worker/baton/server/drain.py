@@ -90,6 +90,7 @@ class Lifecycle:
         if self.state == RESHARDING:
             raise conflict("a role switch is already in progress", "resharding")
         shape = shape_for_role(role, self.start_role, self.start_shape)
+
         # stop taking work first, so nothing slips in between the check and the reshard
         previous, self.state = self.state, RESHARDING
         try:

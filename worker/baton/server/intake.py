@@ -11,6 +11,12 @@ which takes as long as the frame takes to arrive, too long to hold the lock. Suc
 is counted under the lock instead; a cancel meanwhile marks the reservation cancelled at
 once but leaves the blocks reserved, and the last write to end frees them (on the engine
 thread). So freed blocks still never receive late bytes, and the engine never waits.
+
+A prompt's KV may come as several transfers (routes, kv/routes.py): a prefill worker of
+another tensor-parallel size sends each range of heads from the rank that holds it to the
+rank that owns it here. This worker then takes the routes for the heads it holds itself,
+its other ranks take theirs (engine/parallel/rank_kv.py), and the sequence is committed
+once every head of every rank has arrived.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from baton.engine.sampler_state import restore_state
 from baton.kv.blockviews import layer_views
 from baton.kv.dtypes import dtype_name
 from baton.kv.layout import scatter_layer
+from baton.kv.routes import HeadCoverage, RouteId, parse_route_id, route_ticket
 from baton.kv.ticket import Ticket
 from baton.kv.transport import KVSink, LayerWrite, ReceiveStats
 from baton.server.errors import conflict
@@ -47,6 +54,11 @@ class Reservation:
     last_abort: str | None = None  # why the latest transfer attempt stopped (kept for a retry)
     writers: int = 0  # direct layer writes in progress (see the module docstring)
     free_deferred: bool = False  # cancelled during a write: the last writer frees the blocks
+    # arriving by routes: the heads this worker holds that are in, the other ranks still to
+    # report theirs, and the first token as the routes' END carried it
+    coverage: HeadCoverage | None = None
+    ranks_pending: set[int] = field(default_factory=set)
+    first: tuple | None = None  # (first token, logprob, sampler state)
 
     # The state machine; each call holds `lock` for its whole body.
     def start_write(self) -> None:
@@ -100,6 +112,13 @@ class KVIntake(KVSink):
         self.kv_endpoint = kv_endpoint
         self.reservations: dict[str, Reservation] = {}
         self._commits: set = set()  # commit tasks in flight (a reference keeps them alive)
+        # the model KV heads this process's cache holds: rank 0's share under tensor
+        # parallelism, else all of them (head_end None: the ticket's num_kv_heads)
+        shards = getattr(async_engine.engine.runner, "shards", None)
+        self.head_start, self.head_end = (shards[0].kv_heads.start, shards[0].kv_heads.end) if shards else (0, None)
+        self.tensor_parallel_size = len(shards) if shards else 1
+        self.rank_endpoints: list[str] = []  # the other ranks' KV endpoints (set by the worker)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server loop (rank events land here)
 
     # -- reserving (server loop) ----------------------------------------------------------
     def _ticket(self, engine, request_id: str, block_ids: list[int], num_tokens: int, ttl_s: float) -> Ticket:
@@ -110,6 +129,7 @@ class KVIntake(KVSink):
             dtype=dtype_name(engine.dtype), num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, head_start=0,
             head_end=cfg.num_kv_heads, num_tokens=num_tokens, expires_at=time.time() + ttl_s,
+            rank_endpoints=(self.kv_endpoint, *self.rank_endpoints) if self.rank_endpoints else (),
         )
 
     async def reserve(self, request_id: str, prompt_ids: list[int], params, headroom: int, ttl_s: float) -> Ticket:
@@ -145,7 +165,15 @@ class KVIntake(KVSink):
         except BaseException:
             self.book.close(request_id)
             raise
-        self.reservations[request_id] = Reservation(ticket, kind)
+        res = Reservation(ticket, kind, coverage=HeadCoverage(self.head_start, self.head_end or ticket.num_kv_heads),
+                          ranks_pending=set(range(1, self.tensor_parallel_size)))
+        self.reservations[request_id] = res
+        if res.ranks_pending:
+            try:  # the other ranks know the reservation before its ticket leaves this worker
+                await asyncio.to_thread(self.ae.engine.runner.kv_call, "kv_expect", ticket.to_dict())
+            except BaseException:
+                await self.cancel(request_id, "the tensor-parallel ranks could not take the reservation")
+                raise
         return ticket
 
     async def cancel(self, request_id: str, reason: str) -> bool:
@@ -156,6 +184,9 @@ class KVIntake(KVSink):
 
         def on_engine(engine):
             outcome = res.cancel()
+            if outcome != "refused" and res.ranks_pending:
+                # no rank writes these blocks once this returns: they may be reused
+                engine.runner.kv_call("kv_forget", request_id)
             if outcome == "deferred":
                 return True  # cancelled; the write in progress frees the blocks when it ends
             return outcome == "free" and handoff.cancel_remote(engine, request_id)
@@ -174,31 +205,44 @@ class KVIntake(KVSink):
                 await self.cancel(rid, f"ticket for {rid!r} expired before its KV arrived{detail}")
 
     # -- KVSink (receiver loop) -----------------------------------------------------------
+    def _find(self, transfer_id: str) -> tuple[Reservation | None, RouteId | None]:
+        """The reservation a transfer fills, and its route (None: the whole ticket)."""
+        route = parse_route_id(transfer_id)
+        return self.reservations.get(route.request_id if route else transfer_id), route
+
     def lookup(self, request_id: str) -> Ticket | None:
-        res = self.reservations.get(request_id)
-        return res.ticket if res is not None and res.state == OPEN else None
+        res, route = self._find(request_id)
+        if res is None or res.state != OPEN:
+            return None
+        if route is None:  # the whole ticket: only where this process holds every head
+            return res.ticket if self.tensor_parallel_size == 1 else None
+        if not self.head_start <= route.head_start < route.head_end <= (self.head_end or res.ticket.num_kv_heads):
+            return None  # heads another rank owns
+        return route_ticket(res.ticket, route, self.kv_endpoint)
 
     def write_layer(self, ticket: Ticket, layer: int, payload) -> None:
-        res = self.reservations.get(ticket.request_id)
+        res, _ = self._find(ticket.request_id)
         if res is None:
             raise RuntimeError(f"no reservation for {ticket.request_id!r}")
         with res.lock:
             if res.state != OPEN:
                 raise RuntimeError(f"reservation for {ticket.request_id!r} is {res.state}")
             k_cache, v_cache = self.ae.engine.runner.kv_caches[layer]
-            scatter_layer(payload, k_cache, v_cache, ticket.block_ids, ticket.block_size, ticket.head_start)
+            scatter_layer(payload, k_cache, v_cache, ticket.block_ids, ticket.block_size,
+                          ticket.head_start - self.head_start)
             res.layers_written.add(layer)
 
     def begin_layer_write(self, ticket: Ticket, layer: int) -> LayerWrite | None:
         """Views of the reservation's own blocks of `layer`, for the receiver to fill."""
-        res = self.reservations.get(ticket.request_id)
+        res, _ = self._find(ticket.request_id)
         if res is None:
             raise RuntimeError(f"no reservation for {ticket.request_id!r}")
         t = res.ticket  # our own ticket: its block ids are the reserved ones
         runner = self.ae.engine.runner
         k_cache, v_cache = runner.kv_caches[layer]
-        views = layer_views(k_cache, v_cache, t.block_ids, t.block_size, t.num_tokens, t.head_start, t.head_end,
-                            runner.kv_cache_bytes(layer))
+        base = self.head_start
+        views = layer_views(k_cache, v_cache, t.block_ids, t.block_size, t.num_tokens,
+                            ticket.head_start - base, ticket.head_end - base, runner.kv_cache_bytes(layer))
         if views is None:
             return None  # e.g. a GPU cache: write_layer copies
         res.start_write()
@@ -227,21 +271,50 @@ class KVIntake(KVSink):
         """Every layer is written and verified: queue the commit and return at once, so the
         receiver's ACK does not wait for a trip through the engine thread (the ACK promises
         the KV arrived intact; the sequence joins the batch at the engine's next turn)."""
-        rid = ticket.request_id
-        res = self.reservations.get(rid)
+        res, route = self._find(ticket.request_id)
         if res is None:
-            raise RuntimeError(f"no reservation for {rid!r}")
+            raise RuntimeError(f"no reservation for {ticket.request_id!r}")
+        rid = res.ticket.request_id
         if sampler_state is not None:
             restore_state(sampler_state)  # one this worker cannot continue is refused before the ACK
         with res.lock:
-            if res.state != OPEN or res.writers:
+            if res.state != OPEN or (route is None and res.writers):
                 raise RuntimeError(f"reservation for {rid!r} was {res.state} before its KV completed")
-            res.state = COMMITTING  # from here neither cancel() nor expiry takes the blocks
-        self.reservations.pop(rid, None)
+            complete = True
+            if route is not None:
+                res.first = (first_token, logprob, sampler_state)
+                # more routes (here or on the other ranks) may still be to come
+                complete = res.coverage.add(route.head_start, route.head_end) and not res.ranks_pending
+                if complete and res.writers:  # a stray retry of a route is still writing
+                    raise RuntimeError(f"a route of {rid!r} is still being written")
+            if complete:
+                res.state = COMMITTING  # from here neither cancel() nor expiry takes the blocks
+        if complete:
+            self._start_commit(res, first_token, logprob, sampler_state)
+        self.metrics.observe_transfer(stats.total_bytes, stats.end_at - stats.first_layer_at)
+
+    def rank_received(self, rank: int, request_id: str, first_token: int, logprob, sampler_state) -> None:
+        """Rank `rank` has every head it owns of `request_id` (on the server loop)."""
+        res = self.reservations.get(request_id)
+        if res is None:
+            return  # cancelled or expired meanwhile: its blocks are gone already
+        with res.lock:
+            if res.state != OPEN:
+                return
+            res.ranks_pending.discard(rank)
+            res.first = res.first or (first_token, logprob, sampler_state)
+            if res.ranks_pending or not res.coverage.complete or res.writers:
+                return  # the last route still to finish here commits it
+            res.state = COMMITTING
+        self._start_commit(res, *res.first)
+
+    def _start_commit(self, res: Reservation, first_token: int, logprob, sampler_state) -> None:
+        """Every head is in and the reservation is COMMITTING: the sequence joins the batch
+        at the engine's next turn (or the commit fails and frees it)."""
+        self.reservations.pop(res.ticket.request_id, None)
         task = asyncio.get_running_loop().create_task(self._commit(res, first_token, logprob, sampler_state))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
-        self.metrics.observe_transfer(stats.total_bytes, stats.end_at - stats.first_layer_at)
         if res.kind == "import":
             self.metrics.observe_migration("in")
 
@@ -279,7 +352,7 @@ class KVIntake(KVSink):
     def abort(self, ticket: Ticket, reason: str) -> None:
         # Keep the blocks: another prefill worker may retry against the same ticket until
         # it expires (then sweep_expired frees them). A retry starts again from layer 0.
-        res = self.reservations.get(ticket.request_id)
+        res, _ = self._find(ticket.request_id)
         if res is not None:
             res.last_abort = reason
             res.layers_written.clear()

@@ -37,7 +37,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size (overrides memory)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (of each rank)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="split the model over this many processes (ranks) on this machine; "
+                        "--cpu-core's cores are shared out among them")
     parser.add_argument("--cpu-core", type=int, action="append", default=[],
                         help="pin the process to this CPU core (repeatable)")
     parser.add_argument("--peers", default="", help="comma-separated decode worker URLs to migrate to on drain")
@@ -64,6 +67,7 @@ def settings_from_args(args) -> WorkerSettings:
         chunk_size=default_chunk_size(args.role) if args.chunk_size is None else args.chunk_size,
         tpot_objective_s=args.tpot_objective_ms / 1e3, kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
+        tensor_parallel_size=args.tensor_parallel_size,
         cpu_cores=list(args.cpu_core), peers=[p for p in args.peers.split(",") if p],
         ticket_ttl_s=args.ticket_ttl, insecure_no_token=args.insecure_no_token,
         queue_timeout_s=args.queue_timeout,
@@ -94,7 +98,10 @@ def run(args) -> int:
         print(f"baton worker: {TOKEN_ENV} is not set; set it (callers send it as a bearer token) "
               "or pass --insecure-no-token for local use", file=sys.stderr)
         return 2
-    pin_cpu(settings.cpu_cores, settings.threads)
+    from baton.engine.parallel.launcher import rank_cores
+
+    # this process is rank 0; the other ranks pin themselves to their own share
+    pin_cpu(rank_cores(settings.cpu_cores, settings.tensor_parallel_size, 0), settings.threads)
 
     import uvicorn
 

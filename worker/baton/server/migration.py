@@ -48,6 +48,9 @@ class Migrator:
 
     async def migrate(self, request_id: str, target: str, timeout_s: float = 60.0) -> dict:
         target = target.rstrip("/")
+        if self.ae.engine.config.tensor_parallel_size > 1:  # its KV is spread over the ranks
+            raise conflict("a tensor-parallel worker's sequences cannot migrate yet: they finish here",
+                           "tensor_parallel")
         if target == self.self_url:
             raise ApiError(400, "target: a sequence cannot migrate to the worker it is on", "invalid_request", "same_worker")
         try:

@@ -9,6 +9,12 @@ then waits for the decode worker's ACK and only after it releases its own copy (
 prefix cache). The layers go out straight from those held blocks (no copy): the blocks
 are released only once the streamer is closed, so the sender never reads freed memory.
 
+A prompt may go as several transfers (routes): when this worker or the decode worker is
+tensor-parallel, each decode rank takes the heads it owns from the ranks here that hold
+them (engine/parallel/reshard.py). Rank 0 streams its routes from this process; the other
+ranks stream theirs (engine/parallel/rank_kv.py) and report how they ended; the prompt is
+handed off once every route is acknowledged.
+
 When a chunk leaves exactly one prompt token, the engine runs that token as a decode step,
 which calls no layer listener; the layers are then sent right after the step, from the
 held blocks (correct, just without overlap for that prompt).
@@ -21,16 +27,21 @@ token when it commits the sequence.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
+import secrets
+import threading
 import time
 from dataclasses import replace
 
 from baton.engine.async_engine import EngineError
+from baton.engine.parallel.reshard import reshard_plan
 from baton.engine.sampler_state import export_state
 from baton.engine.sequence import SequenceStatus
 from baton.kv.dtypes import dtype_name
-from baton.kv.stream import BackgroundLoop, LayerStreamer
+from baton.kv.routes import RouteId, route_ticket, target_endpoints
+from baton.kv.stream import BackgroundLoop, LayerStreamer, StreamReport
 from baton.kv.ticket import Ticket
 from baton.kv.transport import TransferError, TransferRefused, TransferTimeout, select_transport
 from baton.server.errors import ApiError, bad_request
@@ -71,11 +82,15 @@ class SenderPool:
 
 
 class _Handoff:
-    """One prompt's trip: the streamer and where the prompt's KV lies here."""
+    """One prompt's trip: its streamers (one per route this process sends; one in all for a
+    handoff between workers of one process), the other ranks sending the rest, and where
+    the prompt's KV lies here."""
 
-    def __init__(self, ticket: Ticket, streamer: LayerStreamer, num_prompt_tokens: int):
+    def __init__(self, ticket: Ticket, streamers: list[LayerStreamer], num_prompt_tokens: int,
+                 rank_sources: set[int]):
         self.ticket = ticket
-        self.streamer = streamer
+        self.streamers = streamers
+        self.rank_sources = rank_sources  # other tensor-parallel ranks sending routes of it
         self.num_prompt_tokens = num_prompt_tokens
         self.finish_future = None  # set on the engine thread once the first token exists
         self.first_token: int | None = None
@@ -90,7 +105,8 @@ class _Handoff:
             if chunk_end < self.num_prompt_tokens:
                 return  # an earlier chunk: its KV goes out with the last one
             if layer == 0:
-                self.streamer.src_block_ids = list(seq.block_table)
+                for streamer in self.streamers:
+                    streamer.src_block_ids = list(seq.block_table)
             if self.delay_s:
                 time.sleep(self.delay_s)
             self.feed(layer, k_cache, v_cache)
@@ -99,17 +115,50 @@ class _Handoff:
 
     def feed(self, layer, k_cache, v_cache) -> None:
         self.layers_fed.add(layer)
-        self.streamer.on_layer_done(layer, k_cache, v_cache)
+        for streamer in self.streamers:
+            streamer.on_layer_done(layer, k_cache, v_cache)
 
     def feed_missing_layers(self, seq, kv_caches) -> None:
         """The prompt's last token ran as a decode step: send its layers from the cache now."""
         if len(self.layers_fed) == len(kv_caches) or seq is None or seq.status != SequenceStatus.HELD:
             return
         if not self.layers_fed:
-            self.streamer.src_block_ids = list(seq.block_table)
+            for streamer in self.streamers:
+                streamer.src_block_ids = list(seq.block_table)
         for layer, (k_cache, v_cache) in enumerate(kv_caches):
             if layer not in self.layers_fed:
                 self.feed(layer, k_cache, v_cache)
+
+    def abort(self) -> None:
+        for streamer in self.streamers:
+            streamer.abort()
+
+
+def _all_acknowledged(own: list[concurrent.futures.Future], ranks: dict[int, concurrent.futures.Future]):
+    """One future for every route of a prompt: the first streamer's report with the bytes
+    of all routes and the time the last acknowledgement came, or the first failure."""
+    combined: concurrent.futures.Future = concurrent.futures.Future()
+    parts = [*own, *ranks.values()]
+    remaining = [len(parts)]
+    lock = threading.Lock()
+
+    def one_done(_future):
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        failed = next((f for f in parts if f.exception() is not None), None)
+        if failed is not None:
+            combined.set_exception(failed.exception())
+            return
+        report: StreamReport = own[0].result()
+        report.total_bytes = sum(f.result().total_bytes for f in own) + sum(f.result() for f in ranks.values())
+        report.ack_at = time.perf_counter()  # the streamers' clock
+        combined.set_result(report)
+
+    for future in parts:
+        future.add_done_callback(one_done)
+    return combined
 
 
 class PrefillService:
@@ -119,6 +168,7 @@ class PrefillService:
         self.senders = senders
         self.active: dict[str, _Handoff] = {}  # engine thread view: requests being prefilled
         self.active_ids: set[str] = set()  # server loop view, from the request to its cleanup
+        self.rank_waits: dict[str, dict[int, concurrent.futures.Future]] = {}  # other ranks' outcomes
         async_engine.step_observers.append(self._after_step)
 
     def check_ticket(self, engine, ticket: Ticket, prompt_ids: list[int]) -> None:
@@ -139,14 +189,7 @@ class PrefillService:
         deadline = time.monotonic() + timeout_s
         engine = self.ae.engine
         self.check_ticket(engine, ticket, prompt_ids)
-        sender = self.senders.get(ticket.kv_endpoint, ticket.worker_id)
-        # blocks_stable: the prompt's blocks are HELD (no step writes them) until released
-        # below, after the streamer is closed
-        streamer = LayerStreamer(
-            ticket, sender, self.senders.bg.loop, src_block_ids=[], src_block_size=engine.config.block_size,
-            blocks_stable=True,
-        )
-        handoff = _Handoff(ticket, streamer, len(prompt_ids))
+        handoff, rank_export = self._plan(engine, request_id, ticket, prompt_ids)
         self.active_ids.add(request_id)
         queue = self.ae.open_stream(request_id)
         handoff.queue, handoff.loop = queue, asyncio.get_running_loop()
@@ -158,6 +201,7 @@ class PrefillService:
             engine.add_request(prompt_ids, held_params, request_id, prefill_only=True)
             seq = engine.sequences[request_id]
             seq.layer_listener = handoff.listener(seq)  # before its first step
+            seq.rank_export = rank_export
             self.active[request_id] = handoff
 
         try:
@@ -170,13 +214,15 @@ class PrefillService:
                 raise ApiError(500, f"prefill of {request_id!r} ended ({out.finish_reason}) without a handoff", "internal", "no_handoff")
             report = await self._wait_ack(handoff, request_id, deadline)
         except BaseException:
-            streamer.abort()
+            self._abort_handoff(request_id, handoff)
             raise
         finally:
             self.active.pop(request_id, None)
+            self.rank_waits.pop(request_id, None)
             self.ae.close_stream(request_id)
             try:
-                await _closed(streamer, request_id)
+                for streamer in handoff.streamers:
+                    await _closed(streamer, request_id)
                 # after ACK (or failure) the prompt's blocks go to this worker's prefix cache
                 await self.ae.call(lambda e: e.release(request_id))
             finally:
@@ -199,6 +245,80 @@ class PrefillService:
                 "resent_layers": report.resent_layers,
             },
         }
+
+    def _plan(self, engine, request_id: str, ticket: Ticket, prompt_ids: list[int]):
+        """The streamers this process runs, and what the other ranks stream (None: nothing).
+        Workers of one process on both ends: one transfer under the ticket as issued."""
+        bs, loop = engine.config.block_size, self.senders.bg.loop
+        own_size, endpoints = engine.config.tensor_parallel_size, target_endpoints(ticket)
+        # blocks_stable: the prompt's blocks are HELD (no step writes them) until released
+        # after every streamer is closed
+        if own_size == 1 and len(endpoints) == 1:
+            sender = self.senders.get(ticket.kv_endpoint, ticket.worker_id)
+            streamer = LayerStreamer(ticket, sender, loop, src_block_ids=[], src_block_size=bs, blocks_stable=True)
+            return _Handoff(ticket, [streamer], len(prompt_ids), set()), None
+        try:
+            routes = reshard_plan(ticket.num_kv_heads, own_size, len(endpoints))
+        except ValueError as exc:
+            raise bad_request(f"ticket: {exc}", "ticket_mismatch") from None
+        attempt = secrets.token_hex(4)  # a retried prefill's routes must not look like these
+        own_base = engine.runner.shards[0].kv_heads.start if own_size > 1 else 0
+        streamers = []
+        for route in routes:
+            if route.source == 0:
+                sub = route_ticket(ticket, RouteId(request_id, attempt, route.heads.start, route.heads.end),
+                                   endpoints[route.target])
+                streamers.append(LayerStreamer(sub, self.senders.get(sub.kv_endpoint, sub.worker_id), loop,
+                                               src_block_ids=[], src_block_size=bs, blocks_stable=True,
+                                               src_head_base=own_base))
+        others = [(r.source, r.target, r.heads.start, r.heads.end) for r in routes if r.source != 0]
+        rank_export = None if not others else {
+            "request_id": request_id, "attempt": attempt, "ticket": ticket.to_dict(), "routes": others,
+            "num_prompt_tokens": len(prompt_ids)}
+        return _Handoff(ticket, streamers, len(prompt_ids), {r[0] for r in others}), rank_export
+
+    def _abort_handoff(self, request_id: str, handoff: _Handoff) -> None:
+        handoff.abort()
+        if handoff.rank_sources:
+            runner = self.ae.engine.runner
+
+            def abort_on_ranks():  # a call to the ranks may wait behind a step: not on the loop
+                try:
+                    runner.kv_call("kv_abort", request_id)
+                except Exception as exc:
+                    log.warning("stopping the ranks' streams of %s failed: %s", request_id, exc)
+
+            threading.Thread(target=abort_on_ranks, name="baton-kv-abort", daemon=True).start()
+
+    def rank_export_done(self, rank: int, request_id: str, error: str | None, sent_bytes: int) -> None:
+        """A rank's routes of `request_id` are acknowledged (or failed); any thread."""
+        future = self.rank_waits.get(request_id, {}).get(rank)
+        if future is None or future.done():
+            return
+        if error is None:
+            future.set_result(sent_bytes)
+        else:
+            future.set_exception(TransferError(f"tensor-parallel rank {rank}: {error}"))
+
+    def _finish_routes(self, engine, handoff: _Handoff, request_id: str, seq, left: float):
+        """END on every route, here and on the other ranks; one future for all their ACKs."""
+        own = [s.finish_async(handoff.first_token, handoff.logprob, left, handoff.sampler_state)
+               for s in handoff.streamers]
+        ranks = {rank: concurrent.futures.Future() for rank in handoff.rank_sources}
+        if ranks:
+            self.rank_waits[request_id] = ranks  # before the call: a rank may answer at once
+            try:
+                if seq is not None:
+                    engine.runner.kv_call("kv_feed_missing", request_id, list(seq.block_table))
+                started = engine.runner.kv_call("kv_finish", request_id, handoff.first_token, handoff.logprob,
+                                                handoff.sampler_state, left)
+            except Exception as exc:
+                started = [False] * (engine.config.tensor_parallel_size - 1)
+                log.warning("finishing the ranks' streams of %s failed: %s", request_id, exc)
+            for rank, future in ranks.items():
+                if not started[rank - 1] and not future.done():
+                    future.set_exception(TransferError(f"tensor-parallel rank {rank} has no stream of {request_id!r}"))
+        return _all_acknowledged(own, ranks)
 
     async def _wait_first_token(self, queue, request_id: str, deadline: float):
         try:
@@ -230,7 +350,7 @@ class PrefillService:
         handoff = self.active.get(request_id)
         if handoff is None:
             return False
-        handoff.streamer.abort()
+        self._abort_handoff(request_id, handoff)
         handoff.loop.call_soon_threadsafe(
             handoff.queue.put_nowait, RequestAborted(f"prefill of {request_id!r} was aborted")
         )
@@ -243,7 +363,7 @@ class PrefillService:
             if handoff is None or not out.finished or handoff.finish_future is not None:
                 continue
             if out.finish_reason == "abort" or not out.token_ids:
-                handoff.streamer.abort()
+                self._abort_handoff(out.request_id, handoff)
                 continue
             engine = self.ae.engine
             seq = engine.sequences.get(out.request_id)
@@ -254,8 +374,7 @@ class PrefillService:
             # the decode worker continues this random stream, not a fresh one from the seed
             handoff.sampler_state = export_state(seq.generator) if seq is not None else None
             left = max(1.0, handoff.ticket.expires_at - time.time())
-            handoff.finish_future = handoff.streamer.finish_async(
-                handoff.first_token, handoff.logprob, left, handoff.sampler_state)
+            handoff.finish_future = self._finish_routes(engine, handoff, out.request_id, seq, left)
 
 
 async def _closed(streamer: LayerStreamer, request_id: str) -> None:

@@ -40,7 +40,8 @@ class WorkerSettings:
     kv_cache_memory_gb: float = 1.0
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
-    threads: int | None = None
+    threads: int | None = None  # per tensor-parallel rank
+    tensor_parallel_size: int = 1
     cpu_cores: list[int] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)  # decode workers to migrate to on drain
     ticket_ttl_s: float = 30.0
@@ -58,6 +59,8 @@ class WorkerSettings:
         if not 0 <= self.tpot_objective_s < float("inf"):
             raise ValueError("--tpot-objective-ms must be a finite number >= 0 (0: no cap), "
                              f"got {self.tpot_objective_s * 1e3!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
         if not self.queue_timeout_s > 0:
@@ -112,6 +115,8 @@ class WorkerSettings:
             max_num_seqs=self.max_num_seqs,
             role=self.role,
             threads=self.threads,
+            tensor_parallel_size=self.tensor_parallel_size,
+            cpu_cores=list(self.cpu_cores),
         )
         if self.num_kv_blocks:
             settings["num_kv_blocks"] = self.num_kv_blocks

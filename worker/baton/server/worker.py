@@ -73,6 +73,9 @@ class Worker:
         )
         self.receiver_loop.run(self.receiver.start(), timeout=10)
         self.intake.kv_endpoint = self._advertised_kv_endpoint()
+        self.intake.loop = asyncio.get_running_loop()
+        if self.engine.config.tensor_parallel_size > 1:
+            await self._start_rank_kv(kv_token)
         self.senders = SenderPool(kv_token)
         self.peers = Peers(self.token)
         self.prefill = PrefillService(self.ae, self.metrics, self.senders)
@@ -82,6 +85,25 @@ class Worker:
         self._janitor = asyncio.get_running_loop().create_task(self._janitor_loop())
         log.info("worker %s ready: role %s, %d KV blocks, kv %s", s.name, s.role,
                  self.engine.runner.num_blocks, self.intake.kv_endpoint)
+
+    async def _start_rank_kv(self, kv_token: str) -> None:
+        """The other tensor-parallel ranks receive and send their own heads' KV: start their
+        endpoints and route what they report to the handoff."""
+        s, runner = self.settings, self.engine.runner
+        bind = s.host if s.receive_transport == "tcp" else s.kv_address()
+        self.intake.rank_endpoints = await asyncio.to_thread(
+            runner.kv_call, "kv_setup", kv_token, s.name, s.receive_transport, bind, s.url_host)
+        loop = asyncio.get_running_loop()
+
+        def on_rank_event(rank: int, event) -> None:  # on the group's reader thread
+            if event[0] == "kv_received":
+                _, rid, first_token, logprob, sampler_state, _bytes = event
+                loop.call_soon_threadsafe(self.intake.rank_received, rank, rid, first_token, logprob, sampler_state)
+            elif event[0] == "export_done":
+                _, rid, error, sent = event
+                self.prefill.rank_export_done(rank, rid, error, sent)
+
+        runner.on_kv_event = on_rank_event
 
     def _advertised_kv_endpoint(self) -> str:
         if self.settings.receive_transport == "shm":
@@ -101,6 +123,7 @@ class Worker:
         self.senders.close()
         await self.peers.close()
         self.ae.shutdown()
+        await asyncio.to_thread(self.engine.close)  # stops tensor-parallel ranks, if any
 
     # -- engine thread --------------------------------------------------------------------
     def _after_step(self, outputs, _elapsed) -> None:
@@ -170,5 +193,7 @@ class Worker:
             weights_ptr=engine.runner.model.embed.data_ptr(),
             max_num_batched_tokens=engine.config.max_num_batched_tokens,
             chunk_size=engine.config.chunk_size,
+            tensor_parallel_size=engine.config.tensor_parallel_size,
+            rank_pids=[p.pid for p in getattr(engine.runner, "procs", [])],
         )
         return doc

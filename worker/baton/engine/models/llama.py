@@ -3,6 +3,10 @@
 Q, K and V share one projection and gate/up share another, so each layer runs four
 matmuls. Every token of a step (prefill chunks first, then one token per decoding
 sequence) goes through the matmuls together; only attention splits the two kinds.
+
+Under tensor parallelism the same code runs on one rank's slice (fewer heads, columns and
+vocabulary rows: see engine.parallel.shards) with a `comm` that sums the row-parallel O and
+down projections, assembles the embedding and gathers the logits.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = empty(h)
         self.gate_up = empty(2 * i, h)
         self.down = empty(h, i)
+        self.comm = None  # a ShardComm under tensor parallelism
 
     def prepare(self) -> None:
         """Build the matmul functions once the weights are in place (and on their device)."""
@@ -86,8 +91,12 @@ class DecoderLayer(nn.Module):
         ops.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = self._attention(q, k, v, meta, k_cache, v_cache)
         hidden = self.o_fn(attn.view(n, self.q_size))
+        if self.comm is not None:
+            self.comm.all_reduce(hidden)
         hidden, residual = ops.fused_add_rms_norm(hidden, residual, self.post_attention_norm, self.eps)
         hidden = self.down_fn(ops.silu_and_mul(self.gate_up_fn(hidden)))
+        if self.comm is not None:
+            self.comm.all_reduce(hidden)
         return hidden, residual
 
     def _attention(self, q, k, v, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
@@ -129,6 +138,13 @@ class LlamaModel(nn.Module):
             cos_sin_cache(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling),
             persistent=False,
         )
+        self.comm = None
+
+    def set_comm(self, comm) -> None:
+        """Run as one rank of a tensor-parallel group (the weights are that rank's slice)."""
+        self.comm = comm
+        for layer in self.layers:
+            layer.comm = comm
 
     def prepare(self) -> None:
         for layer in self.layers:
@@ -151,8 +167,10 @@ class LlamaModel(nn.Module):
         logits_indices: torch.Tensor,
         layer_hook: LayerHook | None = None,
     ) -> torch.Tensor:
-        """Run one step; return fp32 logits of the tokens at `logits_indices` only."""
-        hidden = self.embed_fn(input_ids)
+        """Run one step; return fp32 logits of the tokens at `logits_indices` only (under
+        tensor parallelism: on rank 0, all of the vocabulary; None on the other ranks)."""
+        comm = self.comm
+        hidden = self.embed_fn(input_ids) if comm is None else comm.embed(input_ids, self.embed)
         residual = None
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_caches[index]
@@ -162,4 +180,5 @@ class LlamaModel(nn.Module):
                 layer_hook(index, k_cache, v_cache)
         hidden = hidden[logits_indices]
         hidden, _ = self.ops.fused_add_rms_norm(hidden, residual[logits_indices], self.norm, self.cfg.rms_norm_eps)
-        return self.lm_head_fn(hidden).float()
+        logits = self.lm_head_fn(hidden).float()
+        return logits if comm is None else comm.gather_logits(logits)

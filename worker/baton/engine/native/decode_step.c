@@ -64,6 +64,10 @@ typedef struct {
     const Layer *layers;
     int bf16_dot; /* bf16 without packed weights: 1 = the CPU's dot products, 0 = MKL's */
     const QuantMatrix *embed_quant, *lm_head_quant; /* or NULL */
+    /* tensor parallelism (NULL otherwise): sums a buffer over the ranks, in place; this
+     * rank holds vocabulary rows [vocab_start, vocab_start + vocab) of embed and lm_head */
+    void (*all_reduce)(float *buffer, int64_t count);
+    int vocab_start;
 } Model;
 
 typedef struct { /* scratch, each [rows, width] */

@@ -150,6 +150,14 @@ static void FN(norm_rows)(const Model *m, const void *weight, int rows, const Wo
                          m->eps, ws->normed + (int64_t)r * m->hidden);
 }
 
+/* Tensor parallelism: a row-parallel product's partial sums (or the embedding's rows) added
+ * up over the ranks, rounded as the torch path rounds the sum it gets back. */
+static void FN(sum_over_ranks)(const Model *m, float *x, int64_t count) {
+    if (!m->all_reduce) return;
+    m->all_reduce(x, count);
+    for (int64_t i = 0; i < count; i++) x[i] = ROUND(x[i]);
+}
+
 /* Attention half of a layer: norm, QKV, RoPE, cache write, attention, output projection
  * (into ws->out). */
 static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
@@ -173,6 +181,7 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
     FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
     FN(linear)(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
                NULL, ws->out);
+    FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
 }
 
 static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Workspace *ws) {
@@ -182,6 +191,7 @@ static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Wo
                NULL, ws->gate_up);
     FN(silu_and_mul)(ws->gate_up, rows, i, ws->act);
     FN(linear)(m, ws, ws->act, rows, i, layer->down, layer->down_packed, layer->down_quant, h, NULL, ws->out);
+    FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
 }
 
 /* One new token for each of `rows` sequences, at `positions` (their caches hold every
@@ -194,14 +204,19 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
     const int64_t width = (int64_t)rows * h;
     const ELEM *embed = (const ELEM *)m->embed;
     for (int r = 0; r < rows; r++) {
-        float *row = ws->residual + (int64_t)r * h;
-        if (m->embed_quant) { /* the token's row, dequantized and rounded as a weight load is */
-            baton_quant_dequantize(m->embed_quant, (int)token_ids[r], 1, row);
-            for (int i = 0; i < h; i++) row[i] = ROUND(row[i]);
+        /* a rank holds some vocabulary rows: the others read zero, and the sum over ranks
+         * is each token's row */
+        float *out = ws->residual + (int64_t)r * h;
+        const int64_t row = token_ids[r] - m->vocab_start;
+        const bool held = row >= 0 && row < m->vocab;
+        if (held && m->embed_quant) { /* dequantized and rounded as a weight load is */
+            baton_quant_dequantize(m->embed_quant, (int)row, 1, out);
+            for (int i = 0; i < h; i++) out[i] = ROUND(out[i]);
         } else {
-            for (int i = 0; i < h; i++) row[i] = LOAD(embed[token_ids[r] * h + i]);
+            for (int i = 0; i < h; i++) out[i] = held ? LOAD(embed[row * h + i]) : 0.0f;
         }
     }
+    FN(sum_over_ranks)(m, ws->residual, width);
     for (int l = 0; l < m->num_layers; l++) {
         const Layer *layer = &m->layers[l];
         if (l > 0) FN(add_rows)(ws->residual, ws->out, width);

@@ -24,6 +24,10 @@ _f32p = ctypes.POINTER(ctypes.c_float)
 _voidp = ctypes.c_void_p
 
 
+# tensor parallelism: the C step calls back to sum a buffer over the ranks
+_ALL_REDUCE = ctypes.CFUNCTYPE(None, _f32p, ctypes.c_int64)
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _voidp) for name in (
         "input_norm", "qkv", "qkv_bias", "o_proj", "post_norm", "gate_up", "down", "k_cache", "v_cache",
@@ -44,6 +48,8 @@ class _Model(ctypes.Structure):
         ("bf16_dot", ctypes.c_int),
         ("embed_quant", _voidp),
         ("lm_head_quant", _voidp),
+        ("all_reduce", _ALL_REDUCE),
+        ("vocab_start", ctypes.c_int),
     ]
 
 
@@ -80,7 +86,9 @@ def unavailable_reason(model, device: torch.device, dtype: torch.dtype) -> str |
 
 
 class NativeDecoder:
-    def __init__(self, lib: ctypes.CDLL, model, kv_caches, dtype: torch.dtype):
+    def __init__(self, lib: ctypes.CDLL, model, kv_caches, dtype: torch.dtype, comm=None):
+        """`comm`: run one tensor-parallel rank's slice (model holds that slice); the step
+        calls back into it for every sum over the ranks and gathers the logits after."""
         cfg = model.cfg
         self._step = getattr(lib, build.ENTRY_POINTS[dtype])
         self._row_widths = {
@@ -96,7 +104,11 @@ class NativeDecoder:
         self.packed = packed_weights(lib, model) if dtype == torch.bfloat16 and not self.quantized else None
         self._keep.append(self.packed)
         self.bf16_dot = dtype == torch.bfloat16 and self.packed is None and use_dot_products(lib)
-        self.vocab = cfg.vocab_size
+        self.vocab = cfg.vocab_size  # the rows this model's head holds
+        self.comm = comm
+        self.full_vocab = self.vocab if comm is None else sum(span.size for span in comm.vocab_spans)
+        self._reduce_error: BaseException | None = None
+        self._reduce = _ALL_REDUCE(self._all_reduce) if comm is not None else _ALL_REDUCE()
         self.block_size = kv_caches[0][0].shape[1]
         self.num_blocks = kv_caches[0][0].shape[0]
         self.max_positions = model.cos_sin.shape[0]
@@ -109,6 +121,7 @@ class NativeDecoder:
             lm_head_packed=_ptr(self.packed.lm_head) if self.packed else None,
             cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p), bf16_dot=int(self.bf16_dot),
             embed_quant=_quant(model.embed), lm_head_quant=_quant(model.lm_head),
+            all_reduce=self._reduce, vocab_start=comm.shard.vocab.start if comm is not None else 0,
         )
         self._lib = lib
         self._widest_input = max(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
@@ -126,8 +139,18 @@ class NativeDecoder:
         self._workspace = _Workspace()
         self._buffers: dict[str, torch.Tensor] = {}
 
+    def _all_reduce(self, pointer, count: int) -> None:
+        """Called from the C step. An error cannot cross back into C: it is kept, later sums
+        are skipped (the step's numbers no longer matter), and step() raises it."""
+        if self._reduce_error is not None:
+            return
+        try:
+            self.comm.all_reduce(torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(count,))))
+        except BaseException as exc:
+            self._reduce_error = exc
+
     @classmethod
-    def build(cls, model, kv_caches, device: torch.device, dtype: torch.dtype) -> NativeDecoder | None:
+    def build(cls, model, kv_caches, device: torch.device, dtype: torch.dtype, comm=None) -> NativeDecoder | None:
         """A decoder for this model, or None when the native path cannot run it."""
         reason = unavailable_reason(model, device, dtype)
         if reason is None and not all(t.dtype == want and t.is_contiguous()
@@ -138,7 +161,7 @@ class NativeDecoder:
             level = logging.WARNING if device.type == "cpu" and "unavailable" in reason else logging.INFO
             log.log(level, "decode steps use the torch path: %s", reason)
             return None
-        return cls(build.load(), model, kv_caches, dtype)
+        return cls(build.load(), model, kv_caches, dtype, comm)
 
     def _reserve(self, rows: int) -> None:
         if rows <= self._rows:
@@ -156,8 +179,9 @@ class NativeDecoder:
             self._buffers["quant_input"] = buffer = torch.empty(size, dtype=torch.uint8)
             self._workspace.quant_input = buffer.data_ptr()
 
-    def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray) -> torch.Tensor:
+    def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray) -> torch.Tensor | None:
         """Logits [rows, vocab] (fp32) of one new token per sequence; writes their K/V.
+        Under tensor parallelism: all of the vocabulary on rank 0, None on the others.
 
         token_ids, positions: int64 [rows]; tables: int32 [rows, width], covering every
         position up to the new token's (each attends over positions 0..its own).
@@ -176,7 +200,12 @@ class NativeDecoder:
             ctypes.byref(self._workspace),
             ctypes.c_void_p(logits.data_ptr()),
         )
-        return logits
+        if self.comm is None:
+            return logits
+        if self._reduce_error is not None:
+            error, self._reduce_error = self._reduce_error, None
+            raise error
+        return self.comm.gather_logits(logits)
 
     def _check_bounds(self, token_ids, positions, tables) -> None:
         """The C code indexes with these unchecked: refuse anything that would read or write
@@ -186,8 +215,8 @@ class NativeDecoder:
             raise ValueError(f"decode step inputs disagree on the row count ({rows})")
         if rows == 0:
             return
-        if token_ids.min() < 0 or token_ids.max() >= self.vocab:
-            raise ValueError(f"a token id is outside the vocabulary [0, {self.vocab})")
+        if token_ids.min() < 0 or token_ids.max() >= self.full_vocab:
+            raise ValueError(f"a token id is outside the vocabulary [0, {self.full_vocab})")
         if positions.min() < 0 or positions.max() >= self.max_positions:
             raise ValueError(f"a position is outside the RoPE table [0, {self.max_positions})")
         if tables.shape[1] * self.block_size <= positions.max():
