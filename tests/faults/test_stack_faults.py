@@ -193,7 +193,7 @@ def test_decode_worker_killed_mid_stream(stack):
     hangs, and the stack serves again within a minute."""
     restarts = stack.up.printed().count("worker-1 (decode) restarted")
     victim = stack.process("decode")
-    max_tokens = 200  # the local stream must outlast the remote one's 3 s prefill
+    max_tokens = 200  # the remote stream must still be decoding once the local one streams
 
     async def one(path: str, streaming: list[bool]):
         stream = await stack.api().completions.create(
@@ -209,12 +209,21 @@ def test_decode_worker_killed_mid_stream(stack):
             usage = chunk.usage or usage
         return finish, usage.completion_tokens
 
-    async def scenario():
-        flags = [[False], [False]]
-        tasks = [asyncio.create_task(one(path, flag)) for path, flag in zip(("local", "remote"), flags)]
+    async def streaming(tasks: list[asyncio.Task], flags: list[list[bool]]) -> None:
+        deadline = time.monotonic() + 120
         while not all(f[0] for f in flags):
             assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
+            assert time.monotonic() < deadline, "the streams never started"
             await asyncio.sleep(0.05)
+
+    async def scenario():
+        # the remote stream first: its prefill takes seconds, in which a local stream started
+        # alongside could already have finished on a fast CPU
+        flags = [[False], [False]]
+        tasks = [asyncio.create_task(one("remote", flags[0]))]
+        await streaming(tasks, flags[:1])
+        tasks.append(asyncio.create_task(one("local", flags[1])))
+        await streaming(tasks, flags)
         victim.kill()
         killed_at = time.monotonic()
         return killed_at, await gather_within(180, *tasks)

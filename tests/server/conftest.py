@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -76,3 +77,23 @@ def blocks_restored(cluster):
     yield
     after = [w.wait_free_blocks(b) for w, b in zip(decoders, before)]
     assert after == before, f"free KV blocks {after} != {before} at the start"
+
+
+@pytest.fixture
+def roles_restored(cluster):
+    """After the test, every shared worker is active in its starting role again: a drain test
+    that fails half-way must not leave a drained worker to the tests after it."""
+    names = ["prefill", "decode-tcp", "decode-shm", "both"]
+    roles = {n: cluster[n].state()["role"] for n in names}
+    yield
+    for name in names:
+        worker = cluster[name]
+        if (worker.state()["role"], worker.state()["state"]) == (roles[name], "active"):
+            continue
+        worker.post("/internal/drain", {"peers": []})
+        deadline = time.monotonic() + 60
+        while worker.get("/internal/drain").json()["state"] != "drained":
+            assert time.monotonic() < deadline, f"{name} did not drain"
+            time.sleep(0.1)
+        switched = worker.post("/internal/role", {"role": roles[name]})
+        assert switched.status_code == 200, f"{name} did not go back to {roles[name]}: {switched.text}"

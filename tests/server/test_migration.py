@@ -10,7 +10,7 @@ import pytest
 from tests.server.conftest import NEW_TOKENS
 from tests.server.workers import TOKEN, generate, handoff, new_id
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("blocks_restored")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("blocks_restored", "roles_restored")]
 
 LONG = {"max_tokens": 40, "ignore_eos": True}
 # long enough to be still decoding when a drain arrives, at the speed of quantized weights
