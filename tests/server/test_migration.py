@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -32,6 +33,16 @@ def decoding_flag(tokens: int = 2):
             flag.set()
 
     return flag, on_event
+
+
+def drained_status(worker, within_s: float = 10.0) -> dict:
+    """The drain's status once it is over: the last stream can end a moment before the drain
+    task sees that nothing runs any more."""
+    deadline = time.monotonic() + within_s
+    while (status := worker.get("/internal/drain").json())["state"] == "draining":
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+    return status
 
 
 async def drain(worker, peers: list[str]) -> httpx.Response:
@@ -104,7 +115,7 @@ def test_drain_switch_to_prefill_serve_and_switch_back(cluster, prompt_ids, refe
     results = asyncio.run(scenario())
     for got, want in zip(results, expected):
         assert not got["errors"] and got["token_ids"] == want
-    status = worker.get("/internal/drain").json()
+    status = drained_status(worker)
     assert status["state"] == "drained" and status["running"] == 0
     assert sorted(status["migrated"]) == sorted(rids)
 
@@ -144,7 +155,7 @@ def test_drain_without_room_lets_sequences_finish_here(cluster, prompt_ids):
 
     result = asyncio.run(scenario())
     assert result["token_ids"] == expected and not result["errors"]
-    status = worker.get("/internal/drain").json()
+    status = drained_status(worker)
     assert status["state"] == "drained" and status["kept"] == [rid] and status["migrated"] == []
     refused = worker.post("/internal/reserve", {"request_id": new_id(), "prompt_token_ids": ids, "params": LONG})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "not_accepting"

@@ -67,22 +67,36 @@ class WorkerApi:
 
 
 class WorkerProcess(WorkerApi):
+    PORT_TRIES = 3  # a free port can be taken by another process before the worker binds it
+
     def __init__(self, name: str, role: str, *args: str, env: dict | None = None):
         super().__init__("")
         self.name = name
         self.role = role
+        self.args, self.env = list(args), {**os.environ, "BATON_INTERNAL_TOKEN": TOKEN, "HF_HUB_OFFLINE": "1",
+                                          **(env or {})}
+        self.tries = 0
+        self._log = None
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.tries += 1
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tempfile.gettempdir()) / f"baton-test-{name}-{self.port}.log"
-        cmd = [sys.executable, "-m", "baton.cli", "worker", "--role", role, "--port", str(self.port),
-               "--worker-id", f"{name}-{self.port}", *BASE_ARGS, *args]
-        full_env = {**os.environ, "BATON_INTERNAL_TOKEN": TOKEN, "HF_HUB_OFFLINE": "1", **(env or {})}
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.log_path = Path(tempfile.gettempdir()) / f"baton-test-{self.name}-{self.port}.log"
+        cmd = [sys.executable, "-m", "baton.cli", "worker", "--role", self.role, "--port", str(self.port),
+               "--worker-id", f"{self.name}-{self.port}", *BASE_ARGS, *self.args]
+        if self._log is not None:
+            self._log.close()
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, deadline: float) -> None:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.log_tail() and self.tries < self.PORT_TRIES:
+                    self._spawn()
+                    continue
                 raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
