@@ -11,7 +11,7 @@ import pytest
 
 from baton.local.process_actor import ServerProcess
 from baton.local.restart import Backoff, crash_streak, restart_delay
-from baton.local.supervisor import Supervisor
+from baton.local.supervisor import Liveness, Supervisor
 
 
 def test_the_delay_doubles_up_to_the_cap():
@@ -116,6 +116,58 @@ def test_a_running_process_is_left_alone_and_its_return_to_ready_is_logged():
         assert "router is ready again" in said[-1]
         supervisor.tick()
         assert supervisor.restarts == {"router": 2} and len([m for m in said if "ready again" in m]) == 1
+    finally:
+        process.stop()
+        server.shutdown()
+
+
+def test_a_process_failing_its_liveness_probe_is_stopped_and_restarted():
+    """A server that runs but says it is broken (a tensor-parallel worker that lost a rank
+    answers /health 503) is restarted after `failures` probes in a row, as a pod would be;
+    a probe that passes in between starts the count again."""
+    health = {"status": 200}
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(health["status"] if self.path == "/health" else 200)
+            self.end_headers()
+            self.wfile.write(b'{"status": "failed", "reason": "tensor-parallel rank 1 exited"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    clock, said = Clock(), []
+    supervisor = Supervisor(Backoff(initial_s=1.0, cap_s=1.0), said.append, clock=clock,
+                            liveness=Liveness(period_s=5.0, timeout_s=2.0, failures=3))
+    process = exiting_process(0, sleep_s=60)
+    first_pid = process.start()
+    supervisor.watch("worker-1 (decode)", process, base + "/ready", base + "/health")
+
+    def probe(times: int) -> None:
+        for _ in range(times):
+            clock.now += 5.0
+            supervisor.tick()
+
+    try:
+        health["status"] = 503
+        probe(2)
+        health["status"] = 200
+        probe(1)  # passed: the count starts again
+        health["status"] = 503
+        probe(2)
+        assert process.poll() is None and supervisor.restarts["worker-1 (decode)"] == 0
+        probe(1)  # the third failure in a row
+        assert process.poll() is not None
+        assert any("failed its liveness probe 3 times in a row (503" in m and "rank 1" in m for m in said)
+        health["status"] = 200
+        clock.now += 1.0
+        supervisor.tick()
+        assert supervisor.restarts["worker-1 (decode)"] == 1 and process.proc.pid != first_pid
+        supervisor.tick()
+        assert "is ready again" in said[-1]
     finally:
         process.stop()
         server.shutdown()

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class WorkerPlan:
     index: int
     role: str  # prefill | decode | both
-    core: int | None  # pinned CPU core
+    cores: tuple[int, ...] = ()  # pinned CPU cores, one per tensor-parallel rank
+    tensor_parallel_size: int = 1
 
 
 def plan_roles(prefill: int, decode: int, colocated: int) -> list[str]:
@@ -24,17 +25,30 @@ def plan_roles(prefill: int, decode: int, colocated: int) -> list[str]:
     return ["prefill"] * prefill + ["decode"] * decode
 
 
-def plan_workers(roles: list[str], cores: list[int]) -> list[WorkerPlan]:
-    """One worker per core, round robin when there are more workers than cores."""
-    return [WorkerPlan(i, role, cores[i % len(cores)] if cores else None) for i, role in enumerate(roles)]
+def plan_workers(roles: list[str], cores: list[int], prefill_tp: int = 1, decode_tp: int = 1) -> list[WorkerPlan]:
+    """Each worker takes the next cores, one per rank, round robin: workers share cores only
+    when there are more ranks than cores. Colocated workers decode: they take `decode_tp`."""
+    if prefill_tp < 1 or decode_tp < 1:
+        raise ValueError(f"--prefill-tp and --decode-tp must be at least 1, got {prefill_tp} and {decode_tp}")
+    plans, next_core = [], 0
+    for i, role in enumerate(roles):
+        tp = prefill_tp if role == "prefill" else decode_tp
+        mine = tuple(cores[(next_core + r) % len(cores)] for r in range(tp)) if cores else ()
+        next_core += tp
+        plans.append(WorkerPlan(i, role, mine, tp))
+    return plans
 
 
 def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_host: str,
                 model: str | None, chunk_size: int | None, peers: list[str], extra: list[str]) -> list[str]:
     args = ["--role", plan.role, "--host", host, "--port", str(port), "--kv-port", str(kv_port),
             "--advertise-host", advertise_host, "--worker-id", f"{plan.role}-{plan.index}"]
-    if plan.core is not None:
-        args += ["--cpu-core", str(plan.core), "--threads", "1"]
+    for core in plan.cores:
+        args += ["--cpu-core", str(core)]
+    if plan.cores:
+        args += ["--threads", "1"]  # per rank
+    if plan.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
     if model:
         args += ["--model", model]
     if chunk_size is not None and plan.role != "prefill":  # chunking protects decodes

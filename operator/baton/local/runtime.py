@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from baton.local.plan import plan_roles, plan_workers, worker_args
+from baton.local.plan import WorkerPlan, plan_roles, plan_workers, worker_args
 from baton.local.process_actor import ServerProcess
 from baton.local.restart import Backoff
 from baton.local.supervisor import Supervisor
@@ -31,6 +31,8 @@ class StackSpec:
     prefill: int = 0
     decode: int = 0
     colocated: int = 0
+    prefill_tp: int = 1  # tensor-parallel ranks per prefill worker
+    decode_tp: int = 1  # and per decode or colocated worker
     chunk_size: int | None = None
     port: int = 8000
     model: str | None = None
@@ -78,6 +80,11 @@ class ActorProcess:
 
         return ray.get(self.actor.start.remote(), timeout=30)
 
+    def stop(self) -> int | None:
+        import ray
+
+        return ray.get(self.actor.stop.remote(), timeout=30)
+
 
 class LocalStack:
     def __init__(self, spec: StackSpec, say: Callable[[str], None] = announce):
@@ -100,6 +107,7 @@ class LocalStack:
         import ray
 
         roles = plan_roles(self.spec.prefill, self.spec.decode, self.spec.colocated)
+        plans = plan_workers(roles, sorted(os.sched_getaffinity(0)), self.spec.prefill_tp, self.spec.decode_tp)
         if self.spec.address:
             ray.init(address=self.spec.address, log_to_driver=False)
         else:
@@ -107,7 +115,7 @@ class LocalStack:
             self._started_ray = True
         remote = ray.remote(num_cpus=0)(ServerProcess)
         try:
-            self._start_workers(remote, roles)
+            self._start_workers(remote, plans)
             self._start_router(remote)
         except BaseException:
             self.stop()
@@ -116,7 +124,8 @@ class LocalStack:
             self.supervisor = Supervisor(self.spec.backoff, self.say)
             for server in [*self.workers, self.router]:
                 label = server.name if server is self.router else f"{server.name} ({server.role})"
-                self.supervisor.watch(label, ActorProcess(server.actor), server.url + "/ready")
+                self.supervisor.watch(label, ActorProcess(server.actor), server.url + "/ready",
+                                      server.url + "/health")
             self.supervisor.start()
         return self
 
@@ -125,9 +134,7 @@ class LocalStack:
         """Restarts so far, by server."""
         return self.supervisor.restarts if self.supervisor else {}
 
-    def _start_workers(self, remote, roles: list[str]) -> None:
-        cores = sorted(os.sched_getaffinity(0))
-        plans = plan_workers(roles, cores)
+    def _start_workers(self, remote, plans: list[WorkerPlan]) -> None:
         local = not self.spec.address
         host = "127.0.0.1" if local else "0.0.0.0"
         ports = [(free_port(), free_port()) for _ in plans]

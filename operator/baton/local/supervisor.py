@@ -1,4 +1,6 @@
-"""`baton up`'s kubelet: restart any server process that exits, with back-off (restart.py).
+"""`baton up`'s kubelet: restart any server process that exits, or that fails its liveness
+probe as a pod's would (a tensor-parallel worker that lost a rank says so on /health), with
+back-off (restart.py).
 
 One thread polls every watched process. An exit is logged and its restart scheduled after
 the back-off; the restart runs the same command (same role, ports and arguments), so the
@@ -23,6 +25,18 @@ from baton.local.restart import Backoff, crash_streak, restart_delay
 class Process(Protocol):
     def poll(self) -> int | None: ...  # exit code, None while it runs
     def start(self) -> int: ...  # pid of the new process
+    def stop(self) -> int | None: ...  # terminate it (killed past a deadline): its exit code
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """The pods' liveness probe, as `baton up` runs it: /health every `period_s`; after
+    `failures` failed probes in a row (an answer other than 200, or none within
+    `timeout_s`) the server is stopped and restarted. Probed only once it has been ready."""
+
+    period_s: float = 5.0
+    timeout_s: float = 5.0
+    failures: int = 3
 
 
 @dataclass
@@ -31,17 +45,22 @@ class Watched:
     process: Process
     ready_url: str | None
     started_at: float
+    health_url: str | None = None
     streak: int = 0  # crashes in a row
     restarts: int = 0
     restart_at: float | None = None  # a restart is due then
     exited_at: float | None = None
     awaiting_ready: bool = False
+    failed_probes: int = 0  # liveness probes failed in a row
+    probe_at: float = 0.0
 
 
 class Supervisor:
     def __init__(self, backoff: Backoff | None = None, say: Callable[[str], None] = print,
-                 interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+                 interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
+                 liveness: Liveness | None = None):
         self.backoff = backoff or Backoff()
+        self.liveness = liveness or Liveness()
         self.say = say
         self.interval_s = interval_s
         self.clock = clock
@@ -49,8 +68,11 @@ class Supervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, name: str, process: Process, ready_url: str | None = None) -> None:
-        self.watched.append(Watched(name, process, ready_url, self.clock()))
+    def watch(self, name: str, process: Process, ready_url: str | None = None,
+              health_url: str | None = None) -> None:
+        now = self.clock()
+        self.watched.append(Watched(name, process, ready_url, now, health_url,
+                                    probe_at=now + self.liveness.period_s))
 
     @property
     def restarts(self) -> dict[str, int]:
@@ -73,10 +95,15 @@ class Supervisor:
             return
         code = w.process.poll()
         if code is None:
-            if w.awaiting_ready and self._ready(w):
-                w.awaiting_ready = False
-                self.say(f"{w.name} is ready again, {now - w.exited_at:.1f}s after it exited")
-            return
+            if w.awaiting_ready:
+                if self._ready(w):
+                    w.awaiting_ready = False
+                    w.probe_at = now + self.liveness.period_s
+                    self.say(f"{w.name} is ready again, {now - w.exited_at:.1f}s after it exited")
+                return
+            if self._live(w, now):
+                return
+            code = w.process.stop()
         ran_for = now - w.started_at
         w.streak = crash_streak(w.streak, ran_for, self.backoff)
         delay = restart_delay(w.streak, self.backoff)
@@ -90,6 +117,24 @@ class Supervisor:
         w.restarts += 1
         w.started_at, w.restart_at, w.awaiting_ready = now, None, w.ready_url is not None
         self.say(f"{w.name} restarted (pid {pid}; restart {w.restarts})")
+
+    def _live(self, w: Watched, now: float) -> bool:
+        """False once the server has failed its liveness probe `failures` times in a row."""
+        if w.health_url is None or now < w.probe_at:
+            return True
+        w.probe_at = now + self.liveness.period_s
+        try:
+            answer = httpx.get(w.health_url, timeout=self.liveness.timeout_s)
+            failure = None if answer.status_code == 200 else f"{answer.status_code} {answer.text[:200]}"
+        except httpx.HTTPError as e:
+            failure = f"{type(e).__name__}: {e}"
+        w.failed_probes = 0 if failure is None else w.failed_probes + 1
+        if failure is None or w.failed_probes < self.liveness.failures:
+            return True
+        w.failed_probes = 0
+        self.say(f"{w.name} failed its liveness probe {self.liveness.failures} times in a row "
+                 f"({failure}); stopping it")
+        return False
 
     @staticmethod
     def _ready(w: Watched) -> bool:

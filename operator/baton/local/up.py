@@ -15,6 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", type=int, default=0, help="prefill workers")
     parser.add_argument("--decode", type=int, default=0, help="decode workers")
     parser.add_argument("--colocated", type=int, default=0, help="workers doing both (no disaggregation)")
+    parser.add_argument("--prefill-tp", type=int, default=1, metavar="N",
+                        help="tensor-parallel ranks per prefill worker (each rank a process on its own core)")
+    parser.add_argument("--decode-tp", type=int, default=1, metavar="N",
+                        help="tensor-parallel ranks per decode (and colocated) worker")
     parser.add_argument("--chunk-size", type=int, default=None, help="workers' longest prefill chunk (0: whole)")
     parser.add_argument("--port", type=int, default=8000, help="router port (0: any free)")
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
@@ -58,6 +62,7 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
     if args.quantization:
         extra.append(f"--quantization={args.quantization}")
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
+                     prefill_tp=args.prefill_tp, decode_tp=args.decode_tp,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
                      worker_args=extra + list(args.worker_arg), log_dir=args.log_dir,

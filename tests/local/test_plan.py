@@ -1,0 +1,46 @@
+"""What `baton up` starts (pure): roles, cores per tensor-parallel rank, worker arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.local.plan import WorkerPlan, plan_roles, plan_workers, worker_args
+
+
+def test_one_core_a_worker_round_robin_without_tensor_parallelism():
+    plans = plan_workers(["prefill", "decode", "decode"], [0, 1])
+    assert [(p.cores, p.tensor_parallel_size) for p in plans] == [((0,), 1), ((1,), 1), ((0,), 1)]
+
+
+def test_each_rank_takes_the_next_core():
+    plans = plan_workers(plan_roles(1, 1, 0), [0, 1, 2, 3], prefill_tp=2, decode_tp=2)
+    assert [(p.role, p.cores, p.tensor_parallel_size) for p in plans] == [
+        ("prefill", (0, 1), 2), ("decode", (2, 3), 2)]
+    plans = plan_workers(plan_roles(1, 1, 0), [0, 1], prefill_tp=2, decode_tp=1)
+    assert [p.cores for p in plans] == [(0, 1), (0,)]  # more ranks than cores: shared
+
+
+def test_colocated_workers_take_the_decode_size():
+    plans = plan_workers(plan_roles(0, 0, 2), [0, 1, 2, 3], prefill_tp=3, decode_tp=2)
+    assert [p.tensor_parallel_size for p in plans] == [2, 2]
+
+
+def test_no_affinity_pins_nothing():
+    [plan] = plan_workers(["both"], [], decode_tp=2)
+    assert plan.cores == () and "--cpu-core" not in worker_args(plan, 1, 2, "h", "a", None, None, [], [])
+
+
+@pytest.mark.parametrize("sizes", [(0, 1), (1, -2)])
+def test_a_size_below_one_is_refused_naming_both_flags(sizes):
+    with pytest.raises(ValueError, match="--prefill-tp and --decode-tp must be at least 1"):
+        plan_workers(["prefill", "decode"], [0], *sizes)
+
+
+def test_worker_arguments_pin_every_rank_and_name_the_size():
+    args = worker_args(WorkerPlan(1, "decode", (2, 3), 2), 8101, 8102, "127.0.0.1", "127.0.0.1",
+                       None, 64, ["http://peer"], ["--dtype=float32"])
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--cpu-core"] == ["2", "3"]
+    assert args[args.index("--threads") + 1] == "1"  # per rank
+    single = worker_args(WorkerPlan(0, "prefill", (0,)), 1, 2, "h", "a", None, None, [], [])
+    assert "--tensor-parallel-size" not in single and "--chunk-size" not in single
