@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import psutil
 import pytest
 
 from tests.faults.fault_stack import ENV, THRESHOLD, WORKER_ARGS, Stack
-from tests.local.stack_harness import UpProcess, alive
+from tests.local.stack_harness import UpProcess, assert_all_exit
 from tests.server.workers import WorkerApi
 
 WORKERS_LINE = re.compile(r"workers: prefill@(http://\S+), decode@(http://\S+);")
@@ -30,7 +29,4 @@ def stack(tmp_path_factory):
     finally:
         code = up.stop()
     assert code == 0, up.output()
-    deadline = time.monotonic() + 30
-    while alive(started) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert alive(started) == [], "processes left behind"
+    assert_all_exit(started)

@@ -92,3 +92,11 @@ def alive(processes: list[psutil.Process]) -> list[str]:
         except psutil.NoSuchProcess:
             pass
     return left
+
+
+def assert_all_exit(processes: list[psutil.Process], within_s: float = 30.0) -> None:
+    """Every one of `processes` is gone within `within_s`: `baton up` leaves nothing behind."""
+    deadline = time.monotonic() + within_s
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert alive(processes) == [], "processes left behind"

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
 import httpx
 import openai
 import pytest
-from stack_harness import UpProcess, alive
+from stack_harness import UpProcess, assert_all_exit
 
 pytestmark = pytest.mark.slow
 THRESHOLD = 48  # tokens: below, the decode worker prefills locally
@@ -146,7 +145,4 @@ def test_sigterm_stops_every_process(tmp_path):
     finally:
         code = up.stop()
     assert code == 0, up.output()
-    deadline = time.monotonic() + 30
-    while alive(started) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert alive(started) == [], "orphans left behind"
+    assert_all_exit(started)
