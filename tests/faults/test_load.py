@@ -16,7 +16,7 @@ from tests.server.workers import new_id
 
 pytestmark = pytest.mark.slow
 CLIENTS = 256
-TOKENS = 12  # each: small, so the whole run takes about a minute on a busy CPU
+TOKENS = 8  # each: small, so the whole run takes about a minute on a busy CPU
 REMOTE_EVERY = 16  # one client in 16 has a long prompt, prefilled on the prefill worker
 
 
