@@ -35,7 +35,7 @@ SETUPS = {
 }
 
 
-def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict:
+def run_setup(name: str, args: argparse.Namespace, out: Path, machine: dict) -> dict:
     spec = StackSpec(port=0, disagg_threshold=str(args.threshold), **SETUPS[name])
     stack = LocalStack(spec).start()
     try:
@@ -51,7 +51,7 @@ def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict:
     finally:
         stack.stop()
     print_report(result)
-    (out / f"interference_{name}.json").write_text(json.dumps(result, indent=1))
+    (out / f"interference_{name}.json").write_text(json.dumps({**result, "machine": machine}, indent=1))
     plot_timeline(records_from_json(result), str(out / f"interference_{name}.png"),
                   f"{name}: {SETUPS[name]}")
     return result
@@ -99,7 +99,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = machine_record()  # before the stacks load the machine
-    results = {name: run_setup(name, args, out) for name in args.setups.split(",")}
+    results = {name: run_setup(name, args, out, machine) for name in args.setups.split(",")}
     summary = {**headline(results), "machine": machine}
     (out / "interference_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
