@@ -88,7 +88,8 @@ def roles_restored(cluster):
     yield
     for name in names:
         worker = cluster[name]
-        if (worker.state()["role"], worker.state()["state"]) == (roles[name], "active"):
+        state = worker.state()
+        if (state["role"], state["state"]) == (roles[name], "active"):
             continue
         worker.post("/internal/drain", {"peers": []})
         deadline = time.monotonic() + 60

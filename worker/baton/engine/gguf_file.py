@@ -121,16 +121,17 @@ def read_gguf(path: Path | str) -> GGUFFile:
     tensors = []
     for name, shape, type_id, offset in infos:
         try:
-            type_name = GGMLQuantizationType(type_id).name
+            qtype = GGMLQuantizationType(type_id)
         except ValueError:
-            type_name = f"type {type_id}"
+            qtype = None
+        type_name = qtype.name if qtype is not None else f"type {type_id}"
         rows = tuple(reversed(shape))  # numpy order: the slowest dimension first
         elements = int(np.prod(shape))
         if type_id in _PLAIN_DTYPES:
             dtype = np.dtype(_PLAIN_DTYPES[type_id])
             nbytes, view_shape = elements * dtype.itemsize, rows
-        elif type_id in [int(t) for t in GGML_QUANT_SIZES]:
-            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+        elif qtype in GGML_QUANT_SIZES:
+            block, block_bytes = GGML_QUANT_SIZES[qtype]
             if shape[0] % block:
                 raise ValueError(f"tensor {name}: row of {shape[0]} is not whole {type_name} blocks of {block}")
             dtype = np.dtype(np.uint8)
