@@ -65,10 +65,8 @@ def main() -> None:
     tokens_per_s = {k: round(statistics.median(v), 2) for k, v in samples.items()}
     # what `--dtype auto` runs in the engine itself: on quantized weights (the default) that is
     # not always the CPU's full-precision choice
-    auto = str(Engine(dtype="auto", kv_cache_memory_gb=0.1).dtype).removeprefix("torch.")
-    cpu_choice, why = auto_cpu_dtype(this_cpu())
-    if auto != cpu_choice:
-        why = f"{cpu_choice} for full-precision weights ({why}); float32 where the weights stay quantized"
+    quantized = engines["float32"].runner.quantization != "none"
+    auto, why = auto_cpu_dtype(this_cpu(), quantized)
     auto_vs_best = {kind: round(tokens_per_s[f"{kind}_{auto}"] / max(tokens_per_s[f"{kind}_{d}"] for d in DTYPES), 3)
                     for kind in ("decode_b1", "prefill")}
     result = {

@@ -8,7 +8,7 @@ their next-token distributions. Free-running greedy generations from each passag
 are compared too (how many tokens match before the first difference). Target: agreement
 >= 97% of tokens.
 
-    python bench/quant_quality.py                       # float32 and bfloat16 quantized paths
+    python bench/quant_quality.py     # the quantized path at auto (the default), float32, bfloat16
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def compare(reference, quantized, texts: dict[str, list[int]], generate_tokens: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="dtypes of the quantized path")
+    parser.add_argument("--dtypes", default="auto,float32,bfloat16",
+                        help="dtypes of the quantized path (auto: what the engine runs by default)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--window", type=int, default=512, help="tokens per licence window")
     parser.add_argument("--generate-tokens", type=int, default=48)

@@ -7,6 +7,7 @@ import torch
 
 from baton.engine.config import EngineConfig
 from baton.engine.cpu_features import auto_cpu_dtype, parse_cpuinfo, this_cpu
+from baton.engine.quant.placement import DENSE_MIN_ROWS, dense_products
 
 from .conftest import make_engine
 
@@ -65,8 +66,9 @@ def test_engine_config_takes_the_cpus_choice_and_says_why():
     assert EngineConfig(dtype="float32").dtype_choice(torch.device("cpu")) == (torch.float32, "asked for")
     assert EngineConfig(dtype="bfloat16").torch_dtype(torch.device("cpu")) == torch.bfloat16
     assert EngineConfig().dtype_choice(torch.device("cuda"))[0] == torch.bfloat16
-    # quantized weights: the CPU's integer products take float32 inputs, whatever the CPU
-    assert EngineConfig().dtype_choice(torch.device("cpu"), quantized=True)[0] == torch.float32
+    # quantized weights: bf16 only where AMX makes prompt chunks pay for it
+    quantized, why = EngineConfig().dtype_choice(torch.device("cpu"), quantized=True)
+    assert str(quantized) == f"torch.{auto_cpu_dtype(this_cpu(), quantized=True)[0]}" and "quantized" in why
     assert EngineConfig(dtype="bfloat16").dtype_choice(torch.device("cpu"), quantized=True)[0] == torch.bfloat16
     assert EngineConfig().dtype_choice(torch.device("cuda"), quantized=True)[0] == torch.bfloat16
     with pytest.raises(ValueError, match="float16 is only supported on GPU"):
@@ -79,3 +81,26 @@ def test_the_engine_logs_its_dtype_and_the_cpu(caplog):
     expected, reason = auto_cpu_dtype(this_cpu())
     assert engine.dtype == getattr(torch, expected)
     assert f"dtype {expected} (auto on {this_cpu().describe()}: {reason})" in caplog.text
+
+
+@pytest.mark.parametrize("text, dtype", [
+    (SAPPHIRE_RAPIDS, "bfloat16"), (ZEN4, "float32"), (CASCADE_LAKE, "float32"), (GRAVITON3, "float32")])
+def test_auto_on_quantized_weights_means_bf16_only_with_amx(text, dtype):
+    chosen, why = auto_cpu_dtype(parse_cpuinfo(text, "x86_64"), quantized=True)
+    assert chosen == dtype and "quantized weights" in why
+
+
+@pytest.mark.parametrize("text, dtype, asked, gemm", [
+    (SAPPHIRE_RAPIDS, torch.float32, "auto", torch.bfloat16),  # quantized auto: fp32 activations
+    (SAPPHIRE_RAPIDS, torch.bfloat16, "bfloat16", torch.bfloat16),
+    (SAPPHIRE_RAPIDS, torch.float32, "float32", torch.float32),  # asked for: kept
+    (CASCADE_LAKE, torch.float32, "auto", torch.float32),
+    (CASCADE_LAKE, torch.bfloat16, "bfloat16", torch.float32),  # emulated bf16 would be slower
+    (GRAVITON3, torch.float32, "auto", torch.float32),
+])
+def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype, asked, gemm):
+    chosen, why = dense_products(parse_cpuinfo(text, "x86_64"), dtype, asked)
+    assert chosen.dtype == gemm and chosen.min_rows == DENSE_MIN_ROWS[gemm]
+    assert why.startswith(str(gemm).removeprefix("torch.")) and str(chosen.min_rows) in why
+    # below the row count decode batches keep the int16 kernels, which read each byte once
+    assert chosen.min_rows > 64

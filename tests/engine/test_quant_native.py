@@ -15,7 +15,8 @@ from baton.engine.native import build
 from baton.engine.native import quant as native_quant
 from baton.engine.quant.activations import product_reference, quantize_rows
 from baton.engine.quant.formats import FORMATS, dequantize
-from baton.engine.quant.weight import QuantizedTensor, QuantizedWeight
+from baton.engine.quant import weight as weight_module
+from baton.engine.quant.weight import DenseProducts, QuantizedTensor, QuantizedWeight
 
 from .quant_data import random_rows
 
@@ -113,3 +114,22 @@ def test_a_rows_result_does_not_depend_on_its_batch(lib):
     for row in range(7):
         alone = native_quant.product(lib, w.native_matrix, x[row : row + 1], 48)
         assert torch.equal(alone[0], together[row])
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_many_rows_run_as_dequantized_tiles_through_the_dense_gemm(lib, monkeypatch, dtype, tolerance):
+    parts = [("Q4_0", random_rows(FORMATS["Q4_0"], 40, 64, 7)), ("Q4_1", random_rows(FORMATS["Q4_1"], 33, 64, 8))]
+    w = _weight(lib, parts)
+    w.dense = DenseProducts(dtype, min_rows=6)
+    monkeypatch.setattr(weight_module, "DENSE_TILE_VALUES", 20 * 64)  # several tiles, the last partial
+    dense = torch.from_numpy(np.concatenate([dequantize(FORMATS[n], raw) for n, raw in parts]))
+    x = torch.from_numpy(np.random.default_rng(7).standard_normal((6, 64)).astype(np.float32))
+    calls = []
+    monkeypatch.setattr(native_quant, "product", lambda *a: calls.append(a) or torch.zeros(a[2].shape[0], a[3]))
+    got = w.linear(x)
+    assert not calls  # six rows: the dense path, never the int16 kernels
+    expected = x @ dense.t()
+    assert got.dtype == torch.float32 and got.shape == (6, 73)
+    assert (got - expected).abs().max() <= tolerance * expected.abs().max()
+    w.linear(x[:5])
+    assert len(calls) == 1  # five rows: below min_rows, the int16 kernels

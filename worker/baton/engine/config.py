@@ -129,11 +129,7 @@ class EngineConfig:
         if self.dtype == "auto":
             if device.type != "cpu":
                 return torch.bfloat16, f"auto on {device.type}"
-            if quantized:
-                # the integer products quantize float32 inputs: bf16 activations would only add
-                # conversions and rounding (measured slower, and further from the float32 path)
-                return torch.float32, "auto with quantized weights on CPU"
-            name, why = auto_cpu_dtype(this_cpu())
+            name, why = auto_cpu_dtype(this_cpu(), quantized)
             return DTYPES[name], f"auto on {this_cpu().describe()}: {why}"
         dtype = DTYPES[self.dtype]
         if dtype == torch.float16 and device.type == "cpu":

@@ -47,7 +47,7 @@ class ModelRunner:
             tensors = shard_tensors(tensors, model_config.head_dim, shard)
         load_weights(self.model, tensors)
         self.model.to(device)
-        self.quantization = place_quantized(self.model, device, config.quantization)
+        self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)
         self.model.prepare()
         self.num_blocks = num_blocks or self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)

@@ -6,8 +6,8 @@ import logging
 
 import torch
 
-from baton.engine.cpu_features import this_cpu
-from baton.engine.quant.weight import QuantizedWeight
+from baton.engine.cpu_features import CpuInfo, auto_cpu_dtype, this_cpu
+from baton.engine.quant.weight import DenseProducts, QuantizedWeight
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,27 @@ KERNELS = {  # quant_kernels.h's names
 }
 
 
+# Input rows from which a product runs as dequantized tiles through the dense GEMM rather
+# than on the int16 kernels. Measured on a Xeon with AMX (SmolLM2's four matrices, 2
+# threads): bf16 tiles broke even at ~64 rows and won 1.3-2.4x at 128; fp32 tiles broke
+# even at ~200 rows. Decode batches stay below both, so they read each weight byte once.
+DENSE_MIN_ROWS = {torch.bfloat16: 128, torch.float32: 256}
+
+
+def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[DenseProducts, str]:
+    """The dense GEMM a CPU's many-row products use, and why: bf16 where the CPU multiplies
+    it in hardware and the engine runs bf16 or was left to choose (`auto`), else fp32."""
+    hardware, why = auto_cpu_dtype(cpu)
+    if hardware == "bfloat16" and (dtype == torch.bfloat16 or asked_dtype == "auto"):
+        gemm = torch.bfloat16
+    else:
+        gemm = torch.float32
+        if hardware == "bfloat16":
+            why = f"float32 asked for ({why} unused)"
+    rows = DENSE_MIN_ROWS[gemm]
+    return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
+
+
 def quantized_weights(model) -> list[QuantizedWeight]:
     seen: dict[int, QuantizedWeight] = {}
     for module in model.modules():
@@ -27,8 +48,10 @@ def quantized_weights(model) -> list[QuantizedWeight]:
     return list(seen.values())
 
 
-def place_quantized(model, device: torch.device, setting: str) -> str:
-    """Prepare the quantized matrices for `device`; return (and log) what runs them."""
+def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtype = torch.float32,
+                    asked_dtype: str = "auto") -> str:
+    """Prepare the quantized matrices for `device`; return (and log) what runs them.
+    `dtype`/`asked_dtype`: the engine's dtype and the setting it came from."""
     weights = quantized_weights(model)
     if not weights:
         why = "asked for none" if setting == "none" else "the checkpoint holds no quantized matrices"
@@ -49,10 +72,12 @@ def place_quantized(model, device: torch.device, setting: str) -> str:
         if lib is None:
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
+            dense, dense_why = dense_products(this_cpu(), dtype, asked_dtype)
             for w in weights:
-                w.use_native(lib)
+                w.use_native(lib, dense)
             name = kernel_name(lib)
-            how = f"native {name} kernels ({KERNELS.get(name, name)}) on {this_cpu().describe()}"
+            how = (f"native {name} kernels ({KERNELS.get(name, name)}) on {this_cpu().describe()}; "
+                   f"prompt chunks: dequantized tiles, {dense_why}")
     log.info("quantization %s: the checkpoint's blocks as they are (%s; %.0f MB); products: %s",
              setting, held, megabytes, how)
     return how

@@ -5,10 +5,14 @@
 the file stores them. How a product runs depends on where it runs:
 
 - CPU with the native library: the blocks are rearranged once into the 16-row layout
-  (quant/interleave.py) and every product, decode or prefill, runs on the int16 kernels
-  (native/quant_*.h). One kernel for every row count keeps a row's result independent of
-  what it is batched with; on AVX512-VNNI it also ran a 512-row product 2x faster than
-  dequantizing 512-row tiles for MKL's sgemm.
+  (quant/interleave.py). Products of few rows (decode) run on the int16 kernels
+  (native/quant_*.h), which read each weight byte once. Products of many rows (a prompt's
+  chunk) are compute-bound: there tiles of the matrix are dequantized into a scratch buffer
+  and multiplied by the CPU's dense GEMM (AMX or AVX512-BF16 in bf16 where the CPU has
+  them, fp32 elsewhere; quant/placement.py picks the dtype and the row count). On a Xeon
+  with AMX, SmolLM2's 512-row products ran 4-7x faster so in bf16 than on the int16
+  kernels, dequantizing included. A row's result then depends on whether its step had
+  enough rows for the dense path: decode batches below that count stay batch-invariant.
 - CUDA: a Triton kernel dequantizes inside the matmul (kernels/triton/quant_matmul.py).
 - CPU without the native library: TILE_ROWS weight rows at a time dequantized with torch
   ops into a scratch tile, multiplied in the model's dtype.
@@ -31,6 +35,16 @@ from baton.engine.quant.torch_blocks import dequantize_rows
 
 log = logging.getLogger(__name__)
 TILE_ROWS = 512  # weight rows dequantized at a time without the native library
+DENSE_TILE_VALUES = 1 << 22  # weight values dequantized at a time for a dense prompt product
+
+
+@dataclass(frozen=True)
+class DenseProducts:
+    """Products of at least `min_rows` input rows run as dequantized tiles times a dense
+    GEMM in `dtype` (its sums in float32, its output rounded to `dtype`)."""
+
+    dtype: torch.dtype
+    min_rows: int
 
 
 @dataclass
@@ -65,6 +79,7 @@ class QuantizedWeight(nn.Module):
             self.register_buffer(f"part{i}", torch.from_numpy(np.array(part.raw, dtype=np.uint8, order="C")), persistent=False)
         self._lib = None
         self._matrix = None
+        self.dense: DenseProducts | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -89,8 +104,9 @@ class QuantizedWeight(nn.Module):
         return "+".join(f.name for f in self.formats)
 
     # -- CPU layout ------------------------------------------------------------------------
-    def use_native(self, lib) -> None:
-        """Rearrange the blocks for the native kernels (once; the GGUF rows are dropped)."""
+    def use_native(self, lib, dense: DenseProducts | None = None) -> None:
+        """Rearrange the blocks for the native kernels (once; the GGUF rows are dropped);
+        products of `dense.min_rows` rows or more then run as dequantized tiles."""
         from baton.engine.native import quant as native_quant
 
         if self.layout == "gguf":
@@ -99,6 +115,7 @@ class QuantizedWeight(nn.Module):
                 setattr(self, f"part{i}", torch.from_numpy(data))
             self.layout = "rows16"
         self._lib = lib
+        self.dense = dense
         self._matrix = native_quant.matrix(
             self.k, [(t, f.ggml_type, r) for t, f, r in zip(self.parts, self.formats, self.part_rows)])
 
@@ -142,6 +159,8 @@ class QuantizedWeight(nn.Module):
             from baton.engine.kernels.triton.quant_matmul import quant_matmul
 
             out = quant_matmul(x, self)
+        elif self._matrix is not None and self.dense is not None and x.shape[0] >= self.dense.min_rows:
+            out = self._dense_linear(x)
         elif self._matrix is not None:
             from baton.engine.native import quant as native_quant
 
@@ -158,6 +177,23 @@ class QuantizedWeight(nn.Module):
         for first in range(0, n, TILE_ROWS):
             count = min(TILE_ROWS, n - first)
             out[:, first : first + count] = x @ self.dequantize(first, count).to(x.dtype).t()
+        return out
+
+
+    def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W^T in float32 through the dense GEMM, a few million weight values at a time
+        dequantized into one reused scratch tile."""
+        from baton.engine.native import quant as native_quant
+
+        n, dtype = self.shape[0], self.dense.dtype
+        step = max(1, min(n, DENSE_TILE_VALUES // self.k))
+        scratch = torch.empty(step, self.k, dtype=torch.float32)
+        xs = x.to(dtype)
+        out = torch.empty(x.shape[0], n, dtype=torch.float32)
+        for first in range(0, n, step):
+            count = min(step, n - first)
+            tile = native_quant.dequantize(self._lib, self._matrix, first, count, out=scratch[:count])
+            out[:, first : first + count] = xs @ tile.to(dtype).t()
         return out
 
 
