@@ -13,9 +13,9 @@ import torch
 from baton.engine.cpu_features import this_cpu
 from baton.engine.native import build
 from baton.engine.native import quant as native_quant
+from baton.engine.quant import weight as weight_module
 from baton.engine.quant.activations import product_reference, quantize_rows
 from baton.engine.quant.formats import FORMATS, dequantize
-from baton.engine.quant import weight as weight_module
 from baton.engine.quant.weight import DenseProducts, QuantizedTensor, QuantizedWeight
 
 from .quant_data import random_rows
