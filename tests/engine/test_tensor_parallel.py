@@ -179,3 +179,21 @@ def test_ranks_die_with_their_leader(tiny_model):
     finally:
         leader.kill()
         leader.wait(10)
+
+
+def test_regrouping_moves_an_engine_between_sizes_and_a_failed_one_changes_nothing(tiny_model, tiny_reference):
+    engine = tiny_engine(tiny_model, 1)
+    try:
+        with pytest.raises(ValueError, match="tensor-parallel size 3 does not divide the model's 8 query heads"):
+            engine.regroup(3, 96)
+        assert engine.config.tensor_parallel_size == 1 and engine.runner.num_blocks == 96
+        engine.regroup(2, 48)
+        old_runner = engine.runner
+        assert engine.config.tensor_parallel_size == 2 and len(engine.runner.procs) == 1
+        assert engine.runner.num_blocks == engine.blocks.num_blocks == 48
+        assert_same_run(generate_recording_logits(engine, TINY_PROMPTS, TINY_TOKENS), tiny_reference)
+        engine.regroup(1, 96)
+        assert old_runner.procs == []  # the old group's ranks stopped
+        assert_same_run(generate_recording_logits(engine, TINY_PROMPTS, TINY_TOKENS), tiny_reference)
+    finally:
+        engine.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -51,12 +52,7 @@ class Engine:
         self.tokenizer = source.tokenizer
         self.max_model_len = self.config.max_model_len or self.model_config.max_position_embeddings
         torch.manual_seed(self.config.seed)
-        if self.config.tensor_parallel_size > 1:
-            from baton.engine.parallel.runner import TensorParallelRunner
-
-            self.runner = TensorParallelRunner(self.config, source, self.device, self.dtype)
-        else:
-            self.runner = ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
+        self.runner = self._new_runner(source)
         self.blocks = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
@@ -78,6 +74,40 @@ class Engine:
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
+
+    def _new_runner(self, source):
+        if self.config.tensor_parallel_size > 1:
+            from baton.engine.parallel.runner import TensorParallelRunner
+
+            return TensorParallelRunner(self.config, source, self.device, self.dtype)
+        return ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
+
+    def regroup(self, tensor_parallel_size: int, num_kv_blocks: int) -> None:
+        """Run on `tensor_parallel_size` ranks from now on (drained first), with a KV pool of
+        `num_kv_blocks` per rank. The new group is built and loaded before the old one stops,
+        so a failure leaves the engine as it was; the dtype stays (peers hold KV in it)."""
+        busy = [s.request_id for s in self.sequences.values() if not s.is_finished]
+        if busy:
+            raise RuntimeError(f"cannot change the tensor-parallel size with {len(busy)} requests in flight: drain first")
+        config = dataclasses.replace(self.config, tensor_parallel_size=tensor_parallel_size, num_kv_blocks=num_kv_blocks)
+        config.validate()
+        keep_quantized = config.quantization == "auto" and tensor_parallel_size == 1
+        source = load_source(self.config.model, keep_quantized=keep_quantized)
+        old_config, self.config = self.config, config
+        try:
+            runner = self._new_runner(source)
+        except BaseException:
+            self.config = old_config
+            raise
+        old, self.runner = self.runner, runner
+        close = getattr(old, "close", None)
+        if close is not None:
+            close()
+        log.info("regrouped on %d rank(s): %d KV blocks per rank", tensor_parallel_size, runner.num_blocks)
+        self.blocks = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = self._new_scheduler()
+        self.sequences.clear()
+        self.stop_checkers.clear()
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config

@@ -115,7 +115,10 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
     async def role(request: Request, w: ReadyWorker):
         body = await _json(request)
         try:
-            return await w.lifecycle.switch_role(body.get("role"))
+            size = body.get("tensor_parallel_size")
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise bad_request("tensor_parallel_size: expected a positive integer")
+            return await w.lifecycle.switch_role(body.get("role"), size)
         except ValueError as exc:
             raise bad_request(str(exc)) from None
 

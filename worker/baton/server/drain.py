@@ -2,13 +2,16 @@
 
 While draining, the worker takes no new work (`/ready` says so, so routers stop sending).
 Decoding sequences migrate to the first peer with room; when none has room they finish
-here. A switch reconfigures the engine's pools for the new role; weights stay in place.
+here. A switch reconfigures the engine's pools for the new role; weights stay in place, unless the
+switch also changes the tensor-parallel size: then the worker's `regroup` hook starts the new
+group of ranks (its weights loaded and sliced for the new size) before the old one stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from baton.server.errors import ApiError, conflict
 from baton.server.migration import NoRoom
@@ -18,8 +21,11 @@ log = logging.getLogger(__name__)
 
 
 class Lifecycle:
-    def __init__(self, async_engine, migrator, metrics, *, role: str, start_shape: PoolShape, peers: list[str]):
+    def __init__(self, async_engine, migrator, metrics, *, role: str, start_shape: PoolShape, peers: list[str],
+                 regroup: Callable[[int, PoolShape], Awaitable[PoolShape]] | None = None):
         self.ae = async_engine
+        # regroup(size, start_shape) -> start_shape for the new group (worker.py)
+        self.regroup = regroup
         self.migrator = migrator
         self.metrics = metrics
         self.role = role
@@ -85,11 +91,16 @@ class Lifecycle:
         running = await self.busy_count()
         return {"state": self.state, "running": running, "migrated": list(self.migrated), "kept": list(self.kept)}
 
-    async def switch_role(self, role: str) -> dict:
-        """Reshard into `role`: only with nothing in flight; weights are not reloaded."""
+    async def switch_role(self, role: str, tensor_parallel_size: int | None = None) -> dict:
+        """Reshard into `role` (and onto `tensor_parallel_size` ranks, if given): only with
+        nothing in flight. Weights are reloaded only when the number of ranks changes."""
         if self.state == RESHARDING:
             raise conflict("a role switch is already in progress", "resharding")
         shape = shape_for_role(role, self.start_role, self.start_shape)
+        size = self.ae.engine.config.tensor_parallel_size
+        regroup = tensor_parallel_size is not None and tensor_parallel_size != size
+        if regroup and self.regroup is None:
+            raise conflict("this worker cannot change its tensor-parallel size", "tensor_parallel")
 
         # stop taking work first, so nothing slips in between the check and the reshard
         previous, self.state = self.state, RESHARDING
@@ -97,6 +108,9 @@ class Lifecycle:
             busy = await self.busy_count()
             if busy:
                 raise conflict(f"{busy} requests still in flight: drain first", "not_drained")
+            if regroup:
+                self.start_shape = await self.regroup(tensor_parallel_size, self.start_shape)
+                shape = shape_for_role(role, self.start_role, self.start_shape)
             await self.ae.call(
                 lambda e: e.reconfigure(role, shape.num_kv_blocks, shape.max_num_batched_tokens, shape.chunk_size),
                 timeout_s=120.0,
@@ -115,4 +129,5 @@ class Lifecycle:
         self.metrics.set_role(role)
         self.state = ACTIVE
         return {"role": role, "state": self.state, "num_kv_blocks": shape.num_kv_blocks,
+                "tensor_parallel_size": self.ae.engine.config.tensor_parallel_size,
                 "max_num_batched_tokens": shape.max_num_batched_tokens, "chunk_size": shape.chunk_size}

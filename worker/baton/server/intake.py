@@ -112,13 +112,17 @@ class KVIntake(KVSink):
         self.kv_endpoint = kv_endpoint
         self.reservations: dict[str, Reservation] = {}
         self._commits: set = set()  # commit tasks in flight (a reference keeps them alive)
+        self.adopt_runner(async_engine.engine.runner)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server loop (rank events land here)
+
+    def adopt_runner(self, runner) -> None:
+        """Take the KV layout of the engine's (new) runner."""
         # the model KV heads this process's cache holds: rank 0's share under tensor
         # parallelism, else all of them (head_end None: the ticket's num_kv_heads)
-        shards = getattr(async_engine.engine.runner, "shards", None)
+        shards = getattr(runner, "shards", None)
         self.head_start, self.head_end = (shards[0].kv_heads.start, shards[0].kv_heads.end) if shards else (0, None)
         self.tensor_parallel_size = len(shards) if shards else 1
         self.rank_endpoints: list[str] = []  # the other ranks' KV endpoints (set by the worker)
-        self.loop: asyncio.AbstractEventLoop | None = None  # the server loop (rank events land here)
 
     # -- reserving (server loop) ----------------------------------------------------------
     def _ticket(self, engine, request_id: str, block_ids: list[int], num_tokens: int, ttl_s: float) -> Ticket:

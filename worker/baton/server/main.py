@@ -75,11 +75,17 @@ def settings_from_args(args) -> WorkerSettings:
 
 
 def pin_cpu(cores: list[int], threads: int | None) -> None:
-    """Give the worker its own cores before any thread starts (threads inherit affinity)."""
+    """Give the worker its own cores: at start, before any thread does (threads inherit
+    affinity), and again when its tensor-parallel group changes (then every thread is moved)."""
     import torch
 
     if cores:
         os.sched_setaffinity(0, set(cores))
+        for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
+            try:
+                os.sched_setaffinity(int(tid), set(cores))
+            except OSError:  # a thread that ended meanwhile
+                pass
     count = threads or (len(cores) if cores else None)
     if count:
         torch.set_num_threads(count)

@@ -12,13 +12,13 @@ from baton.kv.stream import BackgroundLoop
 from baton.kv.transport import select_transport
 from baton.server.admissions import Admissions
 from baton.server.drain import Lifecycle
-from baton.server.errors import conflict
+from baton.server.errors import ApiError, conflict
 from baton.server.intake import KVIntake
 from baton.server.metrics import WorkerMetrics
 from baton.server.migration import Migrator
 from baton.server.peers import Peers
 from baton.server.prefill import PrefillService, SenderPool
-from baton.server.roles import PoolShape
+from baton.server.roles import PoolShape, shape_for_ranks
 from baton.server.settings import WorkerSettings
 from baton.server.streams import Ended, StreamBook
 
@@ -65,7 +65,7 @@ class Worker:
         self.admissions = Admissions()
         self.ae.step_observers.append(self._after_step)
         self.book = StreamBook(self.ae)
-        kv_token = self.token or INSECURE_KV_TOKEN
+        kv_token = self.kv_token = self.token or INSECURE_KV_TOKEN
         self.intake = KVIntake(self.ae, self.book, self.metrics, worker_id=s.name, kv_endpoint="")
         self.receiver_loop = BackgroundLoop("baton-kv-receiver")
         self.receiver = select_transport(s.receive_transport).receiver(
@@ -81,7 +81,8 @@ class Worker:
         self.prefill = PrefillService(self.ae, self.metrics, self.senders)
         self.migrator = Migrator(self.ae, self.book, self.peers, self.senders, self.metrics, self_url=self.url)
         shape = PoolShape(self.engine.runner.num_blocks, s.max_num_batched_tokens, s.chunk_size)
-        self.lifecycle = Lifecycle(self.ae, self.migrator, self.metrics, role=s.role, start_shape=shape, peers=s.peers)
+        self.lifecycle = Lifecycle(self.ae, self.migrator, self.metrics, role=s.role, start_shape=shape, peers=s.peers,
+                                   regroup=self._regroup)
         self._janitor = asyncio.get_running_loop().create_task(self._janitor_loop())
         log.info("worker %s ready: role %s, %d KV blocks, kv %s", s.name, s.role,
                  self.engine.runner.num_blocks, self.intake.kv_endpoint)
@@ -104,6 +105,34 @@ class Worker:
                 self.prefill.rank_export_done(rank, rid, error, sent)
 
         runner.on_kv_event = on_rank_event
+
+    async def _regroup(self, size: int, start_shape: PoolShape) -> PoolShape:
+        """Move the drained engine onto `size` ranks on this worker's cores; return the
+        starting role's pool shape for the new group (the same KV memory per rank)."""
+        from baton.engine.parallel.launcher import rank_cores
+        from baton.engine.parallel.shards import shards_for
+        from baton.server.main import pin_cpu
+
+        engine, s = self.engine, self.settings
+        before = engine.config.tensor_parallel_size
+        heads_before, heads_after = (shards_for(engine.model_config, n)[0].kv_heads for n in (before, size))
+        heads_before, heads_after = (h.end - h.start for h in (heads_before, heads_after))
+        blocks = max(1, engine.runner.num_blocks * heads_before // heads_after)
+        log.info("worker %s: regrouping from %d to %d rank(s)", s.name, before, size)
+        # rank 0's threads run on its share of the cores (the new ranks pin themselves)
+        pin_cpu(rank_cores(s.cpu_cores, size, 0), s.threads if s.threads else None)
+        try:
+            await self.ae.call(lambda e: e.regroup(size, blocks), timeout_s=600.0)
+        except BaseException as exc:
+            pin_cpu(rank_cores(s.cpu_cores, before, 0), s.threads if s.threads else None)
+            if isinstance(exc, RuntimeError | OSError):
+                raise ApiError(503, f"could not start a group of {size} rank(s): {exc}; the worker keeps "
+                               f"its {before}", "server_error", "regroup_failed") from None
+            raise
+        self.intake.adopt_runner(engine.runner)
+        if size > 1:
+            await self._start_rank_kv(self.kv_token)
+        return shape_for_ranks(start_shape, heads_before, heads_after)
 
     def _advertised_kv_endpoint(self) -> str:
         if self.settings.receive_transport == "shm":
