@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from baton.local.autoscale import pool_sizes
 from baton.local.plan import WorkerPlan, plan_roles, plan_workers, worker_args
+from baton.local.runtime import StackSpec
 
 
 def test_one_core_a_worker_round_robin_without_tensor_parallelism():
@@ -44,3 +46,8 @@ def test_worker_arguments_pin_every_rank_and_name_the_size():
     assert args[args.index("--threads") + 1] == "1"  # per rank
     single = worker_args(WorkerPlan(0, "prefill", (0,)), 1, 2, "h", "a", None, None, [], [])
     assert "--tensor-parallel-size" not in single and "--chunk-size" not in single
+
+
+def test_autoscaled_conversions_carry_the_pool_sizes_only_where_they_differ():
+    assert pool_sizes(StackSpec(prefill=1, decode=1, prefill_tp=2, decode_tp=1)) == {"prefill": 2, "decode": 1}
+    assert pool_sizes(StackSpec(prefill=1, decode=1, prefill_tp=2, decode_tp=2)) == {}

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 WorkerUrls = Sequence[str] | Callable[[], Sequence[str] | Awaitable[Sequence[str]]]
 ScaleHook = Callable[[int, int], Awaitable[None]]
+ROLE_SWITCH_TIMEOUT_S = 600.0  # the worker's own deadline for starting a new group of ranks
 SOURCE_ROLE = {Action.CONVERT_DECODE_TO_PREFILL: "decode",
                Action.CONVERT_PREFILL_TO_DECODE: "prefill"}
 TARGET_ROLE = {Action.CONVERT_DECODE_TO_PREFILL: "prefill",
@@ -55,6 +56,14 @@ def choose_worker(states: list[WorkerState], role: str, busy: set[str]) -> Worke
     return min(candidates, key=lambda s: (s.running, s.url)) if candidates else None
 
 
+def role_body(target: str, tensor_parallel_sizes: dict[str, int]) -> dict:
+    """POST /internal/role's body: the new role, and its pool's size where pools differ."""
+    body: dict = {"role": target}
+    if target in tensor_parallel_sizes:
+        body["tensor_parallel_size"] = tensor_parallel_sizes[target]
+    return body
+
+
 def committed_split(states: list[WorkerState], converting: dict[str, str]) -> PoolState:
     """Workers per role counting each conversion under its target role (pure)."""
     roles = [converting.get(s.url, s.role) for s in states]
@@ -66,14 +75,18 @@ class RayActuator:
     """workers: base URLs (or a function returning them); token: the internal token
     (default: $BATON_INTERNAL_TOKEN); drain_timeout_s: longest wait for a drain; scale: the
     runtime's pool-resizing hook, if any; on_event(reason, message): progress reports;
-    clock: seconds (monotonic) for timing conversions, which `pools()` reports."""
+    clock: seconds (monotonic) for timing conversions, which `pools()` reports;
+    tensor_parallel_sizes: each pool's ranks per worker (`baton up --prefill-tp/--decode-tp`):
+    a converted worker regroups onto its new pool's size (omitted: it keeps its own)."""
 
     def __init__(self, workers: WorkerUrls, token: str | None = None,
                  drain_timeout_s: float = 300.0, poll_s: float = 0.5, timeout: float = 5.0,
                  scale: ScaleHook | None = None,
                  on_event: Callable[[str, str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tensor_parallel_sizes: dict[str, int] | None = None) -> None:
         self._workers = workers
+        self.tensor_parallel_sizes = dict(tensor_parallel_sizes or {})
         token = token if token is not None else os.environ.get("BATON_INTERNAL_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = worker_http_client(headers=headers, timeout=timeout)
@@ -92,9 +105,11 @@ class RayActuator:
         found = self._workers()
         return list(await found if inspect.isawaitable(found) else found)
 
-    async def _call(self, method: str, url: str, path: str, body: dict | None = None) -> dict:
+    async def _call(self, method: str, url: str, path: str, body: dict | None = None,
+                    timeout: float | None = None) -> dict:
         try:
-            response = await self._client.request(method, url.rstrip("/") + path, json=body)
+            extra = {} if timeout is None else {"timeout": timeout}
+            response = await self._client.request(method, url.rstrip("/") + path, json=body, **extra)
         except httpx.HTTPError as error:
             raise ActuationError(f"{method} {path} on {url}: {error!r}") from error
         if response.status_code >= 400:
@@ -173,7 +188,9 @@ class RayActuator:
                                   f"left after {self.drain_timeout_s:.0f}s")
                     break
                 await asyncio.sleep(self.poll_s)
-            await self._call("POST", url, "/internal/role", {"role": target})
+            # a new group of ranks loads its weights before the switch answers
+            await self._call("POST", url, "/internal/role", role_body(target, self.tensor_parallel_sizes),
+                             timeout=ROLE_SWITCH_TIMEOUT_S)
             self.times.finished(url, self.clock())
             self.on_event("ConversionFinished", f"{url}: {from_role} -> {target}")
             return True

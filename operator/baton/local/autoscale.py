@@ -22,6 +22,14 @@ from baton.local.runtime import LocalStack
 log = logging.getLogger(__name__)
 
 
+def pool_sizes(spec) -> dict[str, int]:
+    """Ranks per worker of each pool, for conversions between pools of different sizes
+    (equal sizes: none, and a converted worker keeps its group)."""
+    if spec.prefill_tp == spec.decode_tp:
+        return {}
+    return {"prefill": spec.prefill_tp, "decode": spec.decode_tp}
+
+
 @dataclass
 class AutoscaleSettings:
     """period_s: seconds between decisions; window_s: seconds of traffic each decision
@@ -62,7 +70,8 @@ class ControllerThread:
 
         urls = [w.url for w in self.stack.workers]
         self._stopped = asyncio.Event()
-        actuator = RayActuator(workers=urls, token=self.stack.token, on_event=self._event)
+        actuator = RayActuator(workers=urls, token=self.stack.token, on_event=self._event,
+                               tensor_parallel_sizes=pool_sizes(self.stack.spec))
         controller: Controller | None = None
 
         def on_decision(decision, status) -> None:
