@@ -1,6 +1,8 @@
 """Traffic shifts to long prompts: the controller, reading the Prometheus that scrapes the
 pods, converts a decode worker to prefill (drain, then role switch) while no request fails;
-the decision shows in status, in Events and in Prometheus.
+the decision shows in status, in Events and in Prometheus. The pools run different
+tensor-parallel sizes (prefill 3 ranks a pod, decode 1): every handoff re-shards the KV heads
+in flight, and the converted worker regroups onto 3 ranks in place.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def roles(cluster) -> list[str]:
 @pytest.fixture(scope="module")
 def shift(cluster):
     spec = {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32", "kvCacheMemoryGb": 0.25},
-            "prefill": {"replicas": 1}, "decode": {"replicas": 2},
+            "prefill": {"replicas": 1, "tensorParallelSize": 3}, "decode": {"replicas": 2},
             "autoscaling": {"enabled": True, "mode": "fixed-fleet", "periodSeconds": 5,
                             "cooldownSeconds": 0, "prometheusUrl": cluster.info["prometheus"],
                             "prefill": {"min": 1, "max": 2}, "decode": {"min": 1, "max": 2},
@@ -77,6 +79,9 @@ def test_long_prompts_make_the_controller_convert_a_decode_worker(cluster, shift
         for sender in senders:
             sender.join(150)
     assert {p["metadata"]["name"] for p in pods(cluster, WORKERS)} == names  # in place
+    sizes = sorted((p["metadata"]["labels"]["baton.dev/role"], p["metadata"]["labels"]["baton.dev/tensor-parallel-size"])
+                   for p in pods(cluster, WORKERS))
+    assert sizes == [("decode", "1"), ("prefill", "3"), ("prefill", "3")]
     failures = [o for o in outcomes if o is not True]
     assert outcomes and not failures, failures[:3]
     decision = cluster.get("pdd", shift)["status"]["lastDecision"]

@@ -65,7 +65,8 @@ def test_worker_pod_from_host_path_and_bundled():
     assert "/models" in host["spec"]["containers"][0]["args"]
     bundled = workers.worker_pod("d", "p", "prefill", spec())
     assert [v["name"] for v in bundled["spec"]["volumes"]] == ["scratch"]
-    assert bundled["spec"]["containers"][0]["args"][5] == "bundled"
+    args = bundled["spec"]["containers"][0]["args"]
+    assert args[args.index("--model") + 1] == "bundled"
 
 
 def least_privileged_pods(s):
@@ -316,6 +317,25 @@ def test_a_converted_pod_restarts_in_the_role_its_label_says():
     # the operator's conversion relabels the running pod; its container spec cannot change
     body["metadata"]["labels"][labels.ROLE] = "decode"
     assert parser.parse_args(started_args(body, container)[2:]).role == "decode"
+
+
+def test_a_pod_runs_its_pools_ranks_and_a_converted_one_restarts_at_its_new_size():
+    two_one = spec(prefill={"tensorParallelSize": 2}, decode={"tensorParallelSize": 1})
+    body = workers.worker_pod("d", "d-w-1", "prefill", two_one)
+    assert body["metadata"]["labels"][labels.TENSOR_PARALLEL] == "2"
+    container = body["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    assert parser.parse_args(started_args(body, container)[2:]).tensor_parallel_size == 2
+    body["metadata"]["labels"].update({labels.ROLE: "decode", labels.TENSOR_PARALLEL: "1"})
+    args = parser.parse_args(started_args(body, container)[2:])
+    assert (args.role, args.tensor_parallel_size) == ("decode", 1)
+    # the size is not part of what rolls a pod: a converting worker regroups in place
+    assert workers.template_hash(two_one, "decode") == workers.template_hash(spec(), "decode")
+    pods = [pod("a", "prefill", built_from=two_one), pod("b", "decode", built_from=two_one)]
+    assert not plan_pods(two_one, pods).start_removal
+    with pytest.raises(SpecProblem, match="tensorParallelSize|tensor_parallel_size"):
+        spec(decode={"tensorParallelSize": 0})
 
 
 def test_migration_peers_are_the_decode_workers_that_stay():

@@ -255,7 +255,8 @@ AUTOSCALED = {"autoscaling": {"enabled": True, "prefill": {"min": 1, "max": 2},
 async def test_conversion_survives_operator_restart_and_a_reapplied_spec(
         emulator, operator_factory, fake_worker):
     fake_worker.drain_finished = False
-    as_in_git = {"prefill": {"replicas": 2}, "decode": {"replicas": 1}, **AUTOSCALED}
+    # pools of different sizes: the converted worker regroups onto the decode pool's one rank
+    as_in_git = {"prefill": {"replicas": 2, "tensorParallelSize": 2}, "decode": {"replicas": 1}, **AUTOSCALED}
     async with operator_factory():
         await api(emulator, "POST", PDD, pdd_body(**as_in_git))
         await eventually(lambda: len(pods(emulator)) == 3)
@@ -283,8 +284,11 @@ async def test_conversion_survives_operator_restart_and_a_reapplied_spec(
         await eventually(lambda: pdd_status(emulator).get("observedGeneration") == 2)
     labels = pods(emulator)[chosen]["metadata"]["labels"]
     assert labels["baton.dev/state"] == "active"
+    assert labels["baton.dev/tensor-parallel-size"] == "1"  # a restart comes back at that size
     assert fake_worker.role == "decode"
     assert fake_worker.paths("POST") == ["/internal/drain", "/internal/role"]
+    role_body = [body for method, path, _, body in fake_worker.calls if path == "/internal/role"]
+    assert role_body == [{"role": "decode", "tensor_parallel_size": 1}]
     assert len(pods(emulator)) == 3  # converted in place: nothing created or deleted
     assert len(pods(emulator, "decode")) == 2  # the controller's split holds, the spec's 2P1D not
     assert pdd_status(emulator)["decode"]["desired"] == 2

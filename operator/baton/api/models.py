@@ -84,8 +84,8 @@ class WorkerPool(ApiModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     tensor_parallel_size: int = Field(
-        1, ge=1, le=1, description="tensor-parallel ranks per worker; 1 until the worker "
-        "implements tensor parallelism")
+        1, ge=1, le=64, description="tensor-parallel ranks per worker pod (processes on the "
+        "pod's cores, or its GPUs); a pod converted into this pool regroups onto this many")
 
 
 class SecretKeyRef(ApiModel):

@@ -4,7 +4,8 @@ Every step first records where it is in the pod's labels/annotations, then calls
 so an operator that dies between the two repeats an idempotent call and moves on.
 
 Conversion: active --(label draining, POST drain)--> draining --(GET drain: drained)-->
-resharding --(POST role)--> active with the new role label.
+resharding --(POST role, with the target pool's tensor-parallel size)--> active with the new
+role and size labels.
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ class PodActuator:
         if done:
             await self.delete(pod, f"scale down ({why})")
 
-    async def convert(self, pod: PodView, target: str) -> None:
-        """Advance one conversion by as many steps as are ready now."""
+    async def convert(self, pod: PodView, target: str, tensor_parallel_size: int | None = None) -> None:
+        """Advance one conversion by as many steps as are ready now. `tensor_parallel_size`:
+        the target pool's ranks per worker, which the worker regroups onto."""
         if not pod.ip or pod.phase != "Running":
             # Not running yet: its process would boot with the old role; replace it instead.
             await self.delete(pod, f"conversion to {target} of a pod that is not running")
@@ -134,13 +136,16 @@ class PodActuator:
             state = labels.STATE_RESHARDING
         if state == labels.STATE_RESHARDING:
             try:
-                await self.workers.set_role(pod.ip, target)
+                await self.workers.set_role(pod.ip, target, tensor_parallel_size)
             except WorkerUnreachable as error:
                 log.warning("role switch of %s failed, will retry: %s", pod.name, error)
                 return
+            new_labels = {labels.ROLE: target, labels.STATE: labels.STATE_ACTIVE}
+            if tensor_parallel_size is not None:  # a restart comes back at the new size
+                new_labels[labels.TENSOR_PARALLEL] = str(tensor_parallel_size)
             await self._relabel(
                 pod,
-                {labels.ROLE: target, labels.STATE: labels.STATE_ACTIVE},
+                new_labels,
                 {labels.DRAIN_DEADLINE: None, labels.CONVERSION_STARTED: None},
             )
             self.emit("ConversionFinished", f"worker pod {pod.name}: {pod.role} -> {target}",

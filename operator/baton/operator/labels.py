@@ -9,6 +9,9 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 DEPLOYMENT = "baton.dev/deployment"
 ROLE = "baton.dev/role"
 STATE = "baton.dev/state"
+# ranks per worker pod: read by the worker at each container start, like its role, so a
+# pod converted into a pool of another size comes back at that size
+TENSOR_PARALLEL = "baton.dev/tensor-parallel-size"
 
 STATE_ACTIVE = "active"
 STATE_DRAINING = "draining"

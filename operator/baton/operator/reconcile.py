@@ -172,7 +172,7 @@ class Reconciler:
                 body = workers.worker_pod(name, names.new_worker_pod_name(name), role, spec)
                 await self._create(owner, body, emit)
         for pod, target in plan.convert:
-            await act.convert(pod, target)
+            await act.convert(pod, target, workers.pool_of(spec, target).tensor_parallel_size)
         for pod in plan.start_removal:
             await act.start_removal(pod)
         for pod in plan.removing:

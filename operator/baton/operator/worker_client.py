@@ -23,6 +23,9 @@ class DrainState:
         return self.state == "drained"
 
 
+ROLE_SWITCH_TIMEOUT_S = 600.0  # the worker's own deadline for starting a new group of ranks
+
+
 class WorkerClient:
     def __init__(self, token: str | None, port: int, timeout: float = 5.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -46,9 +49,11 @@ class WorkerClient:
         host = f"[{ip}]" if ":" in ip else ip
         return f"http://{host}:{self._port}{path}"
 
-    async def _request(self, method: str, ip: str, path: str, json: dict | None = None) -> dict:
+    async def _request(self, method: str, ip: str, path: str, json: dict | None = None,
+                       timeout: float | None = None) -> dict:
         try:
-            response = await self._client.request(method, self._url(ip, path), json=json)
+            extra = {} if timeout is None else {"timeout": timeout}
+            response = await self._client.request(method, self._url(ip, path), json=json, **extra)
         except httpx.HTTPError as error:
             raise WorkerUnreachable(f"{method} {path} on {ip}: {error!r}") from error
         if response.status_code >= 400:
@@ -68,8 +73,13 @@ class WorkerClient:
         return DrainState(state=str(body.get("state", "draining")),
                           running=int(body.get("running", 0)))
 
-    async def set_role(self, ip: str, role: str) -> None:
-        await self._request("POST", ip, "/internal/role", json={"role": role})
+    async def set_role(self, ip: str, role: str, tensor_parallel_size: int | None = None) -> None:
+        """Switch a drained worker's role (and its ranks, when `tensor_parallel_size` is given)."""
+        body: dict = {"role": role}
+        if tensor_parallel_size is not None:
+            body["tensor_parallel_size"] = tensor_parallel_size
+        # a new group of ranks loads its weights before the switch answers
+        await self._request("POST", ip, "/internal/role", json=body, timeout=ROLE_SWITCH_TIMEOUT_S)
 
     async def state(self, ip: str) -> dict:
         return await self._request("GET", ip, "/internal/state")

@@ -30,6 +30,11 @@ def model_argument(spec: PDDeploymentSpec) -> str:
 
 
 ROLE_ENV = "BATON_ROLE"
+TENSOR_PARALLEL_ENV = "BATON_TENSOR_PARALLEL_SIZE"
+
+
+def pool_of(spec: PDDeploymentSpec, role: str) -> WorkerPool:
+    return spec.prefill if role == "prefill" else spec.decode
 
 
 def worker_args(spec: PDDeploymentSpec) -> list[str]:
@@ -39,6 +44,7 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
         # The role label, read at each container start: a converted pod that restarts comes
         # back in the role its label says, not the one it was created with.
         "--role", f"$({ROLE_ENV})",
+        "--tensor-parallel-size", f"$({TENSOR_PARALLEL_ENV})",
         "--model", model_argument(spec),
         "--host", "0.0.0.0",
         "--port", str(labels.WORKER_PORT),
@@ -63,15 +69,16 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
 def template_hash(spec: PDDeploymentSpec, role: str) -> str:
     """Hash of what a running pod of `role` cannot change in place: the image, model, engine
     and KV settings every worker shares, and its pool's resources and placement. A pod that
-    converts into a pool that places or sizes pods differently is stale there, and rolled."""
-    pool = spec.prefill if role == "prefill" else spec.decode
+    converts into a pool that places or sizes pods differently is stale there, and rolled.
+    The tensor-parallel size is not in it: a converting worker regroups in place."""
+    pool = pool_of(spec, role)
     fixed = {
         "image": spec.image,
         "pull": spec.image_pull_policy,
         "model": spec.model.model_dump(mode="json"),
         "engine": spec.engine.model_dump(mode="json"),
         "kv": spec.kv_transfer.model_dump(mode="json"),
-        "pool": pool.model_dump(mode="json", exclude={"replicas"}),
+        "pool": pool.model_dump(mode="json", exclude={"replicas", "tensor_parallel_size"}),
     }
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -108,7 +115,7 @@ def _resources(pool: WorkerPool) -> dict[str, Any]:
 
 
 def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec) -> dict[str, Any]:
-    pool = spec.prefill if role == "prefill" else spec.decode
+    pool = pool_of(spec, role)
     container: dict[str, Any] = {
         "name": "worker",
         "image": spec.image,
@@ -124,6 +131,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             _field_env("POD_IP", "status.podIP"),
             _field_env(ROLE_ENV, f"metadata.labels['{labels.ROLE}']"),
+            _field_env(TENSOR_PARALLEL_ENV, f"metadata.labels['{labels.TENSOR_PARALLEL}']"),
             *scratch_env(),
         ],
         "resources": _resources(pool),
@@ -158,7 +166,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
         "kind": "Pod",
         "metadata": {
             "name": pod_name,
-            "labels": labels.worker(deployment, role),
+            "labels": {**labels.worker(deployment, role), labels.TENSOR_PARALLEL: str(pool.tensor_parallel_size)},
             "annotations": {labels.TEMPLATE_HASH: template_hash(spec, role)},
         },
         "spec": pod_spec,
