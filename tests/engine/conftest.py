@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -24,6 +25,25 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
+@contextlib.contextmanager
+def _gguf_reads_cached():
+    """transformers parses the GGUF with the gguf package once for the config, once for the
+    weights and once for the tokenizer, and rebuilds gguf's tensor-name map for each of ~400
+    modules: ~30 of the reference's ~45 s here. Both are deterministic reads of one file, so
+    they are cached while the reference loads; what transformers does with them is unchanged."""
+    import functools
+
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 @pytest.fixture(scope="session")
 def hf_reference():
     """HF transformers' greedy continuation of every prompt (the correctness reference)."""
@@ -32,8 +52,9 @@ def hf_reference():
     from baton.engine.loader import bundled_model_path
 
     path = bundled_model_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with _gguf_reads_cached():
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     continuations = []
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
