@@ -334,6 +334,9 @@ def test_a_pod_runs_its_pools_ranks_and_a_converted_one_restarts_at_its_new_size
     assert workers.template_hash(two_one, "decode") == workers.template_hash(spec(), "decode")
     pods = [pod("a", "prefill", built_from=two_one), pod("b", "decode", built_from=two_one)]
     assert not plan_pods(two_one, pods).start_removal
+    # editing a pool's size rolls that pool's pods onto it
+    resized = spec(prefill={"tensorParallelSize": 3}, decode={"tensorParallelSize": 1})
+    assert [p.name for p in plan_pods(resized, pods).start_removal] == ["a"]
     with pytest.raises(SpecProblem, match="tensorParallelSize|tensor_parallel_size"):
         spec(decode={"tensorParallelSize": 0})
 

@@ -15,7 +15,7 @@ from baton.api.models import PDDeploymentSpec
 
 from . import labels
 from .desired import Desired, desired_state
-from .manifests.workers import template_hash
+from .manifests.workers import pool_of, template_hash
 
 POOL_ROLES = ("prefill", "decode")
 
@@ -34,6 +34,19 @@ def format_time(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _resized(spec: PDDeploymentSpec, pod: PodView) -> bool:
+    """The pod's pool now asks for another tensor-parallel size than the pod runs (the size is
+    not in the template hash, which a conversion's regroup would otherwise make stale)."""
+    return pod.tensor_parallel is not None and pod.tensor_parallel != pool_of(spec, pod.role).tensor_parallel_size
+
+
 @dataclass(frozen=True)
 class PodView:
     """The facts the operator uses about one worker pod."""
@@ -49,6 +62,7 @@ class PodView:
     drain_deadline: dt.datetime | None
     conversion_started: str | None
     created: str
+    tensor_parallel: int | None = None  # its size label (None: a pod from before the label)
 
     @classmethod
     def of(cls, pod: dict[str, Any]) -> PodView:
@@ -70,6 +84,7 @@ class PodView:
             drain_deadline=parse_time(notes.get(labels.DRAIN_DEADLINE)),
             conversion_started=notes.get(labels.CONVERSION_STARTED),
             created=meta.get("creationTimestamp") or "",
+            tensor_parallel=_int_or_none(pod_labels.get(labels.TENSOR_PARALLEL)),
         )
 
     @property
@@ -141,7 +156,7 @@ def plan_pods(spec: PDDeploymentSpec, observed: list[PodView],
             plan.start_removal.extend(candidates[: len(members) - wanted])
 
     stale = [p for p in kept if p.name not in converting and p.name not in _removal_names(plan)
-             and p.template_hash != template_hash(spec, p.role)]
+             and (p.template_hash != template_hash(spec, p.role) or _resized(spec, p))]
     # An outdated pod that does not serve (a broken image, a crash loop, still loading)
     # holds nothing: replace it now, or a fix to the spec could never reach it.
     plan.start_removal.extend(p for p in stale if not p.serving)
