@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import httpx
 
 from baton.server.keepalive import worker_http_client
+from baton.server.role_request import REGROUP_TIMEOUT_S, role_request
 
 from .actuator import ActuationError
 from .estimate import ConversionTimes, PoolState
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 WorkerUrls = Sequence[str] | Callable[[], Sequence[str] | Awaitable[Sequence[str]]]
 ScaleHook = Callable[[int, int], Awaitable[None]]
-ROLE_SWITCH_TIMEOUT_S = 600.0  # the worker's own deadline for starting a new group of ranks
 SOURCE_ROLE = {Action.CONVERT_DECODE_TO_PREFILL: "decode",
                Action.CONVERT_PREFILL_TO_DECODE: "prefill"}
 TARGET_ROLE = {Action.CONVERT_DECODE_TO_PREFILL: "prefill",
@@ -58,10 +58,7 @@ def choose_worker(states: list[WorkerState], role: str, busy: set[str]) -> Worke
 
 def role_body(target: str, tensor_parallel_sizes: dict[str, int]) -> dict:
     """POST /internal/role's body: the new role, and its pool's size where pools differ."""
-    body: dict = {"role": target}
-    if target in tensor_parallel_sizes:
-        body["tensor_parallel_size"] = tensor_parallel_sizes[target]
-    return body
+    return role_request(target, tensor_parallel_sizes.get(target))
 
 
 def committed_split(states: list[WorkerState], converting: dict[str, str]) -> PoolState:
@@ -188,9 +185,8 @@ class RayActuator:
                                   f"left after {self.drain_timeout_s:.0f}s")
                     break
                 await asyncio.sleep(self.poll_s)
-            # a new group of ranks loads its weights before the switch answers
             await self._call("POST", url, "/internal/role", role_body(target, self.tensor_parallel_sizes),
-                             timeout=ROLE_SWITCH_TIMEOUT_S)
+                             timeout=REGROUP_TIMEOUT_S)
             self.times.finished(url, self.clock())
             self.on_event("ConversionFinished", f"{url}: {from_role} -> {target}")
             return True

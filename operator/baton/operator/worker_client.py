@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import httpx
 
 from baton.server.keepalive import worker_http_client
+from baton.server.role_request import REGROUP_TIMEOUT_S, role_request
 
 
 class WorkerUnreachable(Exception):
@@ -21,9 +22,6 @@ class DrainState:
     @property
     def drained(self) -> bool:
         return self.state == "drained"
-
-
-ROLE_SWITCH_TIMEOUT_S = 600.0  # the worker's own deadline for starting a new group of ranks
 
 
 class WorkerClient:
@@ -75,11 +73,8 @@ class WorkerClient:
 
     async def set_role(self, ip: str, role: str, tensor_parallel_size: int | None = None) -> None:
         """Switch a drained worker's role (and its ranks, when `tensor_parallel_size` is given)."""
-        body: dict = {"role": role}
-        if tensor_parallel_size is not None:
-            body["tensor_parallel_size"] = tensor_parallel_size
-        # a new group of ranks loads its weights before the switch answers
-        await self._request("POST", ip, "/internal/role", json=body, timeout=ROLE_SWITCH_TIMEOUT_S)
+        await self._request("POST", ip, "/internal/role", json=role_request(role, tensor_parallel_size),
+                            timeout=REGROUP_TIMEOUT_S)
 
     async def state(self, ip: str) -> dict:
         return await self._request("GET", ip, "/internal/state")

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 Prompt = str | list[int]
 
 
+def _keeps_quantized(config: EngineConfig) -> bool:
+    """Whether the checkpoint's quantized blocks are served as they are: quantized blocks are
+    not split over tensor-parallel ranks (yet), so such a group loads them dequantized."""
+    return config.quantization == "auto" and config.tensor_parallel_size == 1
+
+
 class Engine:
     """Offline and step-driven inference over a paged KV cache.
 
@@ -39,9 +45,7 @@ class Engine:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         self.device = self.config.torch_device()
-        # quantized blocks are not split over tensor-parallel ranks (yet): such a group
-        # loads the checkpoint's matrices dequantized
-        keep_quantized = self.config.quantization == "auto" and self.config.tensor_parallel_size == 1
+        keep_quantized = _keeps_quantized(self.config)
         if self.config.quantization == "auto" and not keep_quantized:
             log.info("quantization auto: full-precision weights under tensor parallelism")
         source = load_source(model, keep_quantized=keep_quantized)
@@ -86,13 +90,10 @@ class Engine:
         """Run on `tensor_parallel_size` ranks from now on (drained first), with a KV pool of
         `num_kv_blocks` per rank. The new group is built and loaded before the old one stops,
         so a failure leaves the engine as it was; the dtype stays (peers hold KV in it)."""
-        busy = [s.request_id for s in self.sequences.values() if not s.is_finished]
-        if busy:
-            raise RuntimeError(f"cannot change the tensor-parallel size with {len(busy)} requests in flight: drain first")
+        self._require_drained("change the tensor-parallel size")
         config = dataclasses.replace(self.config, tensor_parallel_size=tensor_parallel_size, num_kv_blocks=num_kv_blocks)
         config.validate()
-        keep_quantized = config.quantization == "auto" and tensor_parallel_size == 1
-        source = load_source(self.config.model, keep_quantized=keep_quantized)
+        source = load_source(self.config.model, keep_quantized=_keeps_quantized(config))
         old_config, self.config = self.config, config
         try:
             runner = self._new_runner(source)
@@ -108,6 +109,11 @@ class Engine:
         self.scheduler = self._new_scheduler()
         self.sequences.clear()
         self.stop_checkers.clear()
+
+    def _require_drained(self, action: str) -> None:
+        busy = [s.request_id for s in self.sequences.values() if not s.is_finished]
+        if busy:
+            raise RuntimeError(f"cannot {action} with {len(busy)} requests in flight: drain first")
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config
@@ -321,9 +327,7 @@ class Engine:
     def reconfigure(self, role: str | None = None, num_kv_blocks: int | None = None,
                     max_num_batched_tokens: int | None = None, chunk_size: int | None = None) -> None:
         """Reshard for a new role without reloading weights. The worker must be drained."""
-        busy = [s.request_id for s in self.sequences.values() if not s.is_finished]
-        if busy:
-            raise RuntimeError(f"cannot reconfigure with {len(busy)} requests in flight: drain first")
+        self._require_drained("reconfigure")
         updates = {"role": role, "num_kv_blocks": num_kv_blocks,
                    "max_num_batched_tokens": max_num_batched_tokens, "chunk_size": chunk_size}
         for key, value in updates.items():

@@ -57,12 +57,17 @@ def shape_for_role(role: str, start_role: str, start_shape: PoolShape) -> PoolSh
     return decode
 
 
-def shape_for_ranks(shape: PoolShape, kv_heads_before: int, kv_heads_after: int) -> PoolShape:
-    """`shape` for a group whose ranks each hold `kv_heads_after` KV heads instead of
-    `kv_heads_before`: the same KV memory per rank holds proportionally more or fewer blocks."""
+def blocks_for_ranks(num_kv_blocks: int, kv_heads_before: int, kv_heads_after: int) -> int:
+    """KV blocks per rank for a group whose ranks each hold `kv_heads_after` KV heads instead
+    of `kv_heads_before`: the same KV memory per rank holds proportionally more or fewer."""
     if kv_heads_before < 1 or kv_heads_after < 1:
         raise ValueError("each rank holds at least one KV head")
-    return PoolShape(max(1, shape.num_kv_blocks * kv_heads_before // kv_heads_after),
+    return max(1, num_kv_blocks * kv_heads_before // kv_heads_after)
+
+
+def shape_for_ranks(shape: PoolShape, kv_heads_before: int, kv_heads_after: int) -> PoolShape:
+    """`shape` for a group whose ranks hold `kv_heads_after` KV heads instead of `kv_heads_before`."""
+    return PoolShape(blocks_for_ranks(shape.num_kv_blocks, kv_heads_before, kv_heads_after),
                      shape.max_num_batched_tokens, shape.chunk_size)
 
 

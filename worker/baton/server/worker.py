@@ -18,7 +18,8 @@ from baton.server.metrics import WorkerMetrics
 from baton.server.migration import Migrator
 from baton.server.peers import Peers
 from baton.server.prefill import PrefillService, SenderPool
-from baton.server.roles import PoolShape, shape_for_ranks
+from baton.server.role_request import REGROUP_TIMEOUT_S
+from baton.server.roles import PoolShape, blocks_for_ranks, shape_for_ranks
 from baton.server.settings import WorkerSettings
 from baton.server.streams import Ended, StreamBook
 
@@ -115,16 +116,16 @@ class Worker:
 
         engine, s = self.engine, self.settings
         before = engine.config.tensor_parallel_size
-        heads_before, heads_after = (shards_for(engine.model_config, n)[0].kv_heads for n in (before, size))
-        heads_before, heads_after = (h.end - h.start for h in (heads_before, heads_after))
-        blocks = max(1, engine.runner.num_blocks * heads_before // heads_after)
+        # rank 0's KV heads at each size (a size the model cannot split fails here, naming both)
+        heads_before, heads_after = (shards_for(engine.model_config, n)[0].kv_heads.size for n in (before, size))
+        blocks = blocks_for_ranks(engine.runner.num_blocks, heads_before, heads_after)
         log.info("worker %s: regrouping from %d to %d rank(s)", s.name, before, size)
         # rank 0's threads run on its share of the cores (the new ranks pin themselves)
-        pin_cpu(rank_cores(s.cpu_cores, size, 0), s.threads if s.threads else None)
+        pin_cpu(rank_cores(s.cpu_cores, size, 0), s.threads)
         try:
-            await self.ae.call(lambda e: e.regroup(size, blocks), timeout_s=600.0)
+            await self.ae.call(lambda e: e.regroup(size, blocks), timeout_s=REGROUP_TIMEOUT_S)
         except BaseException as exc:
-            pin_cpu(rank_cores(s.cpu_cores, before, 0), s.threads if s.threads else None)
+            pin_cpu(rank_cores(s.cpu_cores, before, 0), s.threads)
             if isinstance(exc, RuntimeError | OSError):
                 raise ApiError(503, f"could not start a group of {size} rank(s): {exc}; the worker keeps "
                                f"its {before}", "server_error", "regroup_failed") from None
