@@ -39,6 +39,7 @@ def _variant(march: str):
     flags = [f"-march={march}" if flag == "-march=native" else flag for flag in build.FLAGS]
     lib = build.open_library(build.build_library(build.cache_dir(), flags))
     assert native_quant.kernel_name(lib) == kernel
+    assert native_quant.dequantize_kernel_name(lib) == kernel
     return lib
 
 
@@ -94,6 +95,33 @@ def test_dequantized_rows_are_ggmls_bit_for_bit(lib, name):
     np.testing.assert_array_equal(w.dequantize(0, 21).numpy(), dequantize(FORMATS[name], raw))
     ids = torch.tensor([[20, 3], [3, 0]])
     np.testing.assert_array_equal(w.embedding(ids, torch.float32).numpy(), dequantize(FORMATS[name], raw)[ids.numpy()])
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_bfloat16_tiles_are_the_float32_rows_rounded_as_torch_rounds(lib, name):
+    raw = random_rows(FORMATS[name], 37, 96, seed=11)
+    blocks = raw.reshape(37, 3, FORMATS[name].block_bytes)
+    blocks[0, 1, 0:2] = np.array([np.nan], dtype=np.float16).view(np.uint8)  # a NaN scale stays NaN
+    blocks[1, 2, 0:2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
+    blocks[2, 0, 0:2] = np.array([6e-8], dtype=np.float16).view(np.uint8)  # subnormal half
+    w = _weight(lib, [(name, raw)])
+    with np.errstate(invalid="ignore"):  # inf * 0
+        expected = torch.from_numpy(dequantize(FORMATS[name], raw)).to(torch.bfloat16)
+    got = native_quant.dequantize(lib, w.native_matrix, 0, 37, dtype=torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    nan = torch.isnan(expected)
+    assert nan.any() and torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+    tile = torch.empty(5, 96, dtype=torch.bfloat16)
+    assert torch.equal(native_quant.dequantize(lib, w.native_matrix, 30, 5, out=tile).view(torch.int16),
+                       expected[30:35].view(torch.int16))
+
+
+def test_dequantizing_into_a_tensor_of_the_wrong_kind_is_refused(lib):
+    w = _weight(lib, [("Q8_0", random_rows(FORMATS["Q8_0"], 4, 64, seed=1))])
+    for wrong in (torch.empty(4, 64, dtype=torch.float16), torch.empty(4, 32), torch.empty(64, 4).t()):
+        with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
+            native_quant.dequantize(lib, w.native_matrix, 0, 4, out=wrong)
 
 
 def test_input_rows_quantize_as_the_reference(lib):

@@ -23,7 +23,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("decode_step.c")
 HEADERS = tuple(Path(__file__).with_name(name) for name in (
-    "decode_step_body.h", "dot_bf16.h", "quant_kernels.h", "quant_product.h"))
+    "decode_step_body.h", "dot_bf16.h", "quant_kernels.h", "quant_product.h", "quant_dequantize.h"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
 ENTRY_POINTS = {torch.float32: "baton_decode_step_f32", torch.bfloat16: "baton_decode_step_bf16"}
@@ -87,9 +87,10 @@ def open_library(path: Path) -> ctypes.CDLL:
     for name in ENTRY_POINTS.values():
         getattr(lib, name).restype = None
     lib.baton_quant_kernel.restype = ctypes.c_char_p
+    lib.baton_quant_dequantize_kernel.restype = ctypes.c_char_p
     lib.baton_quant_input_bytes.restype = ctypes.c_int64
     lib.baton_quant_input_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
-    for name in ("baton_quant_product", "baton_quant_quantize_input", "baton_quant_dequantize"):
+    for name in ("baton_quant_product", "baton_quant_quantize_input", "baton_quant_dequantize_to"):
         getattr(lib, name).restype = None
     return lib
 

@@ -210,7 +210,7 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
         const int64_t row = token_ids[r] - m->vocab_start;
         const bool held = row >= 0 && row < m->vocab;
         if (held && m->embed_quant) { /* dequantized and rounded as a weight load is */
-            baton_quant_dequantize(m->embed_quant, (int)row, 1, out);
+            baton_quant_dequantize_to(m->embed_quant, (int)row, 1, out, 0);
             for (int i = 0; i < h; i++) out[i] = ROUND(out[i]);
         } else {
             for (int i = 0; i < h; i++) out[i] = held ? LOAD(embed[row * h + i]) : 0.0f;

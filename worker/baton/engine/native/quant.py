@@ -25,6 +25,11 @@ def kernel_name(lib: ctypes.CDLL) -> str:
     return lib.baton_quant_kernel().decode()
 
 
+def dequantize_kernel_name(lib: ctypes.CDLL) -> str:
+    """Which instructions the library dequantizes tiles with on this CPU."""
+    return lib.baton_quant_dequantize_kernel().decode()
+
+
 def matrix(k: int, parts: list[tuple[torch.Tensor, int, int]]) -> QuantMatrix:
     """A QuantMatrix over (interleaved data, ggml type id, rows) parts; the tensors must
     outlive it."""
@@ -48,12 +53,17 @@ def product(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.
     return out
 
 
-def dequantize(lib: ctypes.CDLL, m: QuantMatrix, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows first..first+count-1 of W in float32 [count, k] (into `out` if given)."""
+def dequantize(lib: ctypes.CDLL, m: QuantMatrix, first: int, count: int, out: torch.Tensor | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows first..first+count-1 of W [count, k] in float32 or bfloat16 (`out`'s dtype if
+    given; contiguous)."""
     if out is None:
-        out = torch.empty(count, m.k, dtype=torch.float32)
-    lib.baton_quant_dequantize(ctypes.byref(m), ctypes.c_int(first), ctypes.c_int(count),
-                               ctypes.c_void_p(out.data_ptr()))
+        out = torch.empty(count, m.k, dtype=dtype)
+    if out.dtype not in (torch.float32, torch.bfloat16) or not out.is_contiguous() or tuple(out.shape) != (count, m.k):
+        raise ValueError(f"dequantize writes a contiguous float32 or bfloat16 [{count}, {m.k}] tensor, "
+                         f"not {out.dtype} {tuple(out.shape)}")
+    lib.baton_quant_dequantize_to(ctypes.byref(m), ctypes.c_int(first), ctypes.c_int(count),
+                                  ctypes.c_void_p(out.data_ptr()), ctypes.c_int(out.dtype == torch.bfloat16))
     return out
 
 

@@ -2,7 +2,7 @@
  * GGUF checkpoint's Q4_0, Q4_1 or Q8_0 blocks in the 16-row layout of quant/interleave.py.
  * The input rows are quantized to int16 per block of 32, the integer sums
  * come from quant_kernels.h, and no weight is ever dequantized into memory, except by
- * baton_quant_dequantize (prefill's tiles, embedding rows). Included by decode_step.c.
+ * quant_dequantize.h (prefill's tiles, embedding rows). Included by decode_step.c.
  */
 #include "quant_kernels.h"
 
@@ -113,37 +113,4 @@ void baton_quant_quantize_input(const float *x, int rows, int k, int16_t *q, flo
     quantize_input(x, rows, k, &in);
 }
 
-/* out[count, k] = rows first..first+count-1 of W in float32, rounded as ggml dequantizes
- * (d * q + m for Q4_1; d * (q - offset), exact, otherwise). */
-void baton_quant_dequantize(const QuantMatrix *w, int first, int count, float *out) {
-    const int nb = w->k / QUANT_BLOCK;
-#pragma omp parallel for schedule(static) if (count > 1)
-    for (int i = 0; i < count; i++) {
-        int row = first + i, p = 0;
-        while (row >= w->parts[p].rows) row -= w->parts[p++].rows;
-        const QuantFormat f = quant_format(w->parts[p].format);
-        const int lane = row % QUANT_ROWS;
-        const uint8_t *g = w->parts[p].data + (int64_t)(row / QUANT_ROWS) * nb * QUANT_ROWS * f.block_bytes;
-        float *o = out + (int64_t)i * w->k;
-        for (int b = 0; b < nb; b++, g += QUANT_ROWS * f.block_bytes, o += QUANT_BLOCK) {
-            uint16_t bits;
-            memcpy(&bits, g + 2 * lane, 2);
-            const float d = half_to_float(bits);
-            float m = 0.0f;
-            if (f.has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); m = half_to_float(bits); }
-            const uint8_t *qs = g + QUANT_ROWS * f.header_bytes + 4 * lane;
-            for (int c = 0; c < (f.nibbles ? 4 : 8); c++)
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t byte = qs[64 * c + j];
-                    if (!f.nibbles) o[4 * c + j] = d * (float)((int)byte - 128);
-                    else if (f.has_min) {
-                        o[4 * c + j] = d * (float)(byte & 0x0F) + m;
-                        o[16 + 4 * c + j] = d * (float)(byte >> 4) + m;
-                    } else {
-                        o[4 * c + j] = d * (float)((byte & 0x0F) - 8);
-                        o[16 + 4 * c + j] = d * (float)((byte >> 4) - 8);
-                    }
-                }
-        }
-    }
-}
+#include "quant_dequantize.h"

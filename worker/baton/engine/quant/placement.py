@@ -66,7 +66,7 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
         how = "Triton kernel, dequantizing inside the matmul"
     else:
         from baton.engine.native import build
-        from baton.engine.native.quant import kernel_name
+        from baton.engine.native.quant import dequantize_kernel_name, kernel_name
 
         lib = build.load()
         if lib is None:
@@ -77,7 +77,7 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
                 w.use_native(lib, dense)
             name = kernel_name(lib)
             how = (f"native {name} kernels ({KERNELS.get(name, name)}) on {this_cpu().describe()}; "
-                   f"prompt chunks: dequantized tiles, {dense_why}")
+                   f"prompt chunks: tiles dequantized ({dequantize_kernel_name(lib)}), {dense_why}")
     log.info("quantization %s: the checkpoint's blocks as they are (%s; %.0f MB); products: %s",
              setting, held, megabytes, how)
     return how

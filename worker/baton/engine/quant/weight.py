@@ -182,18 +182,18 @@ class QuantizedWeight(nn.Module):
 
     def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W^T in float32 through the dense GEMM, a few million weight values at a time
-        dequantized into one reused scratch tile."""
+        dequantized, straight into the GEMM's dtype, into one reused scratch tile."""
         from baton.engine.native import quant as native_quant
 
         n, dtype = self.shape[0], self.dense.dtype
         step = max(1, min(n, DENSE_TILE_VALUES // self.k))
-        scratch = torch.empty(step, self.k, dtype=torch.float32)
-        xs = x.to(dtype)
+        scratch = torch.empty(step, self.k, dtype=dtype if dtype == torch.bfloat16 else torch.float32)
+        xs = x.to(scratch.dtype)
         out = torch.empty(x.shape[0], n, dtype=torch.float32)
         for first in range(0, n, step):
             count = min(step, n - first)
             tile = native_quant.dequantize(self._lib, self._matrix, first, count, out=scratch[:count])
-            out[:, first : first + count] = xs @ tile.to(dtype).t()
+            out[:, first : first + count] = xs @ tile.t()
         return out
 
 
