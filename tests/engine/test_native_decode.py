@@ -12,6 +12,7 @@ from baton.engine.native import build
 from baton.engine.native.decoder import NativeDecoder
 
 from .conftest import PROMPTS, make_engine
+from .tiny_llama import write_tiny_llama
 
 
 def test_library_builds_from_source_into_an_empty_cache(tmp_path):
@@ -117,6 +118,28 @@ def test_fp32_step_matches_the_torch_path(engine_fp32, prompts, new_tokens):
     assert len(records) >= new_tokens - 1
     for native_logits, torch_logits, native_kv, torch_kv in records:
         assert native_logits.shape == torch_logits.shape
+        assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
+        torch.testing.assert_close(native_logits, torch_logits, atol=2e-4, rtol=1e-5)
+        torch.testing.assert_close(native_kv, torch_kv, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [
+    (2, 1, 128),  # the vectorized attention's wider heads (SmolLM2's 64 is tested above)
+    (8, 4, 16),  # a head size it does not take: the portable loops
+])
+def test_attention_for_other_head_sizes_matches_the_torch_path(tmp_path, dtype, heads, kv_heads, head_dim):
+    model = write_tiny_llama(tmp_path / "tiny", num_attention_heads=heads, num_key_value_heads=kv_heads,
+                             head_dim=head_dim)
+    engine = make_engine(model=str(model), dtype=dtype, threads=1, kv_cache_memory_gb=0.05)
+    assert engine.runner.native is not None
+    prompts = [[5 + (i * 37) % 370 for i in range(70)], [9, 8, 7], [200 + i for i in range(33)]]
+    records = _compare_each_decode_step(engine, prompts, 6)
+    assert len(records) >= 5
+    if dtype == "bfloat16":
+        assert_as_close_as_bf16_allows(records, engine.runner.model_config.hidden_size, same_layer_0=False)
+        return
+    for native_logits, torch_logits, native_kv, torch_kv in records:
         assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
         torch.testing.assert_close(native_logits, torch_logits, atol=2e-4, rtol=1e-5)
         torch.testing.assert_close(native_kv, torch_kv, atol=1e-5, rtol=1e-5)

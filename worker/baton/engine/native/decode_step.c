@@ -83,6 +83,10 @@ static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t p
 /* Attention works on up to this many query heads of one KV head, this many tokens at a time. */
 #define ATTENTION_HEADS 16
 #define ATTENTION_TOKENS 32
+#define ATTENTION_CHUNKS 8 /* registers of 16 floats a head holds, at most (head_dim 128) */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* x[i] <- exp(x[i]) for x[i] <= 0 (softmax terms after subtracting the max), in loops the
  * compiler vectorizes: 2^n * e^r with |r| <= ln2 / 2 and a degree-7 polynomial (Cephes'
@@ -240,18 +244,21 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
 
 #define ELEM float
 #define LOAD(x) (x)
+#define LOAD16(p) _mm512_loadu_ps(p)
 #define STORE(x) (x)
 #define ROUND(x) (x)
 #define FN(name) name##_f32
 #include "decode_step_body.h"
 #undef ELEM
 #undef LOAD
+#undef LOAD16
 #undef STORE
 #undef ROUND
 #undef FN
 
 #define ELEM uint16_t
 #define LOAD(x) bf16_to_f32(x)
+#define LOAD16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define STORE(x) f32_to_bf16(x)
 #define ROUND(x) bf16_round(x)
 #define FN(name) name##_bf16

@@ -41,6 +41,81 @@ static void FN(locate_rows)(const ELEM *k_cache, const ELEM *v_cache, const int3
     }
 }
 
+#if defined(__AVX512F__)
+/* The two products of a block of tokens with the head's values in registers: 16 floats a
+ * register, `chunks` registers a head (a constant at each call, so the loops unroll and the
+ * accumulators stay in registers). Each score's 16 partial sums are added as a tree; the
+ * portable loops below leave the compiler a running sum it turns into a chain of scalar
+ * adds, which was half of a decode step's attention time. */
+static inline __attribute__((always_inline)) void FN(block_scores_avx512)(
+    const float *q, int heads, const ELEM *k_cache, const int64_t *rows, int n, const int chunks,
+    float scale, float p[][ATTENTION_TOKENS]) {
+    for (int t = 0; t < n; t++) {
+        const ELEM *k = k_cache + rows[t];
+        __m512 kc[ATTENTION_CHUNKS];
+        for (int c = 0; c < chunks; c++) kc[c] = LOAD16(k + 16 * c);
+        for (int g = 0; g < heads; g++) {
+            const float *qg = q + g * chunks * 16;
+            __m512 s = _mm512_mul_ps(_mm512_loadu_ps(qg), kc[0]);
+            for (int c = 1; c < chunks; c++) s = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), kc[c], s);
+            p[g][t] = _mm512_reduce_add_ps(s) * scale;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void FN(block_values_avx512)(
+    float p[][ATTENTION_TOKENS], int heads, const ELEM *v_cache, const int64_t *rows, int n,
+    const int chunks, float *out) {
+    for (int g = 0; g < heads; g++) {
+        float *og = out + g * chunks * 16;
+        __m512 acc[ATTENTION_CHUNKS];
+        for (int c = 0; c < chunks; c++) acc[c] = _mm512_loadu_ps(og + 16 * c);
+        for (int t = 0; t < n; t++) {
+            const __m512 weight = _mm512_set1_ps(p[g][t]);
+            const ELEM *v = v_cache + rows[t];
+            for (int c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(weight, LOAD16(v + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < chunks; c++) _mm512_storeu_ps(og + 16 * c, acc[c]);
+    }
+}
+#endif
+
+/* p[g][t] = q_g . k_t * scale for the block's n tokens. */
+static void FN(block_scores)(const float *q, int heads, const ELEM *k_cache, const int64_t *rows,
+                             int n, int head_dim, float scale, float p[][ATTENTION_TOKENS]) {
+#if defined(__AVX512F__)
+    if (head_dim == 64) { FN(block_scores_avx512)(q, heads, k_cache, rows, n, 4, scale, p); return; }
+    if (head_dim == 128) { FN(block_scores_avx512)(q, heads, k_cache, rows, n, 8, scale, p); return; }
+#endif
+    for (int t = 0; t < n; t++) {
+        const ELEM *k = k_cache + rows[t];
+        for (int g = 0; g < heads; g++) {
+            const float *qg = q + g * head_dim;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int d = 0; d < head_dim; d++) dot += qg[d] * LOAD(k[d]);
+            p[g][t] = dot * scale;
+        }
+    }
+}
+
+/* out_g += sum over the block's tokens of p[g][t] * v_t. */
+static void FN(block_values)(float p[][ATTENTION_TOKENS], int heads, const ELEM *v_cache,
+                             const int64_t *rows, int n, int head_dim, float *out) {
+#if defined(__AVX512F__)
+    if (head_dim == 64) { FN(block_values_avx512)(p, heads, v_cache, rows, n, 4, out); return; }
+    if (head_dim == 128) { FN(block_values_avx512)(p, heads, v_cache, rows, n, 8, out); return; }
+#endif
+    for (int t = 0; t < n; t++) {
+        const ELEM *v = v_cache + rows[t];
+        for (int g = 0; g < heads; g++) {
+            float *og = out + g * head_dim;
+            const float pt = p[g][t];
+            for (int d = 0; d < head_dim; d++) og[d] += pt * LOAD(v[d]);
+        }
+    }
+}
+
 /* The query heads sharing one KV head (GQA) over their sequence's paged context:
  * softmax(q k^T * scale) v in fp32, online over blocks of tokens (a running max and sum per
  * head), so each K and V row is read once for the whole group and no buffer grows with
@@ -67,16 +142,7 @@ static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, con
                             left < ATTENTION_TOKENS ? left : ATTENTION_TOKENS, kv_head,
                             num_kv_heads, head_dim, located[block ^ 1]);
         const int64_t *rows = located[block]; /* each token's K/V row offset, for both passes */
-        for (int t = 0; t < n; t++) {
-            const ELEM *k = k_cache + rows[t];
-            for (int g = 0; g < heads; g++) {
-                const float *qg = q + g * head_dim;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int d = 0; d < head_dim; d++) dot += qg[d] * LOAD(k[d]);
-                p[g][t] = dot * scale;
-            }
-        }
+        FN(block_scores)(q, heads, k_cache, rows, n, head_dim, scale, p);
         for (int g = 0; g < heads; g++) {
             float block_max = p[g][0];
             for (int t = 1; t < n; t++) block_max = p[g][t] > block_max ? p[g][t] : block_max;
@@ -90,14 +156,7 @@ static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, con
             exp_in_place(p[g], n);
             for (int t = 0; t < n; t++) denominator[g] += p[g][t];
         }
-        for (int t = 0; t < n; t++) {
-            const ELEM *v = v_cache + rows[t];
-            for (int g = 0; g < heads; g++) {
-                float *og = out + g * head_dim;
-                const float pt = p[g][t];
-                for (int d = 0; d < head_dim; d++) og[d] += pt * LOAD(v[d]);
-            }
-        }
+        FN(block_values)(p, heads, v_cache, rows, n, head_dim, out);
     }
     for (int g = 0; g < heads; g++) {
         const float inv = 1.0f / denominator[g];
