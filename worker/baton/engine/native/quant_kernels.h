@@ -23,7 +23,13 @@
 #endif
 
 #define QUANT_ROWS 16       /* weight rows in one group (quant/interleave.py ROWS) */
-#define QUANT_INPUT_ROWS 4  /* input rows sharing one pass over a group's weights */
+/* input rows sharing one pass over a group's weights: as many as keep their accumulators in
+ * registers (32 vector registers with AVX-512, 16 otherwise) */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define QUANT_INPUT_ROWS 8
+#else
+#define QUANT_INPUT_ROWS 4
+#endif
 #define QUANT_BLOCK 32
 
 enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q8_0 = 8 }; /* ggml's type ids */

@@ -90,6 +90,12 @@ static void quant_product(const QuantMatrix *w, const QuantInput *x, int rows, f
                 case 1: group_dot(group, &f, nb, x, w->k, r0, 1, sums); break;
                 case 2: group_dot(group, &f, nb, x, w->k, r0, 2, sums); break;
                 case 3: group_dot(group, &f, nb, x, w->k, r0, 3, sums); break;
+#if QUANT_INPUT_ROWS > 4
+                case 4: group_dot(group, &f, nb, x, w->k, r0, 4, sums); break;
+                case 5: group_dot(group, &f, nb, x, w->k, r0, 5, sums); break;
+                case 6: group_dot(group, &f, nb, x, w->k, r0, 6, sums); break;
+                case 7: group_dot(group, &f, nb, x, w->k, r0, 7, sums); break;
+#endif
                 default: group_dot(group, &f, nb, x, w->k, r0, QUANT_INPUT_ROWS, sums); break;
             }
             for (int r = 0; r < nr; r++)
