@@ -6,11 +6,12 @@ the operator validates every spec with them before acting on it.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from .cel import ApiModel, CelRule
+from .quantity import parse_quantity
 
 GROUP = "baton.dev"
 VERSION = "v1alpha1"
@@ -20,7 +21,14 @@ SINGULAR = "pddeployment"
 SHORT_NAMES = ("pdd",)
 
 Role = Literal["prefill", "decode", "both"]
-Quantity = int | str  # Kubernetes quantities: 2, "500m", "16Gi"
+
+
+def _quantity(value: int | str) -> int | str:
+    parse_quantity(value)  # refused here, naming the field, not later by the API server
+    return value
+
+
+Quantity = Annotated[int | str, AfterValidator(_quantity)]  # Kubernetes quantities: 2, "500m", "16Gi"
 
 
 class ModelSource(ApiModel):
