@@ -256,10 +256,17 @@ async def test_conversion_survives_operator_restart_and_a_reapplied_spec(
         emulator, operator_factory, fake_worker):
     fake_worker.drain_finished = False
     # pools of different sizes: the converted worker regroups onto the decode pool's one rank
-    as_in_git = {"prefill": {"replicas": 2, "tensorParallelSize": 2}, "decode": {"replicas": 1}, **AUTOSCALED}
+    per_rank = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"nvidia.com/gpu": 1}}
+    as_in_git = {"prefill": {"replicas": 2, "tensorParallelSize": 2, "resources": per_rank},
+                 "decode": {"replicas": 1, "resources": per_rank}, **AUTOSCALED}
     async with operator_factory():
         await api(emulator, "POST", PDD, pdd_body(**as_in_git))
         await eventually(lambda: len(pods(emulator)) == 3)
+        # resources are per rank; with conversions possible every pod holds the larger pool's 2
+        for body in pods(emulator).values():
+            assert body["spec"]["containers"][0]["resources"] == {
+                "requests": {"cpu": "1000m", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": "2"}}
+        created = set(pods(emulator))
         await make_all_ready(emulator)
         await eventually(lambda: condition(emulator, "Ready").get("status") == "True")
         chosen = sorted(pods(emulator, "prefill"))[0]
@@ -290,5 +297,6 @@ async def test_conversion_survives_operator_restart_and_a_reapplied_spec(
     role_body = [body for method, path, _, body in fake_worker.calls if path == "/internal/role"]
     assert role_body == [{"role": "decode", "tensor_parallel_size": 1}]
     assert len(pods(emulator)) == 3  # converted in place: nothing created or deleted
+    assert set(pods(emulator)) == created  # the same pods: none rolled or replaced
     assert len(pods(emulator, "decode")) == 2  # the controller's split holds, the spec's 2P1D not
     assert pdd_status(emulator)["decode"]["desired"] == 2

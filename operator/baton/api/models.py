@@ -88,12 +88,18 @@ class Resources(ApiModel):
 
 class WorkerPool(ApiModel):
     replicas: int = Field(1, ge=0, description="worker pods in this pool")
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(
+        default_factory=Resources, description="per tensor-parallel rank: a worker pod requests "
+        "and is limited to these amounts times its size, which is this pool's "
+        "tensorParallelSize, or with autoscaling on (role conversions) the larger of the two "
+        "pools' sizes, since a converted pod regroups in place and cannot grow")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="tensor-parallel ranks per worker pod (processes on the "
-        "pod's cores, or its GPUs); a pod converted into this pool regroups onto this many")
+        "pod's cores, or its GPUs); a pod converted into this pool regroups onto this many. "
+        "Resources are per rank: with autoscaling on, every worker pod is sized for the larger "
+        "of the two pools' sizes")
 
 
 class SecretKeyRef(ApiModel):

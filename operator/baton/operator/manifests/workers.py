@@ -6,7 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-from baton.api.models import PDDeploymentSpec, WorkerPool
+from baton.api.models import PDDeploymentSpec, Resources, WorkerPool
+from baton.api.quantity import multiply_quantity
 
 from .. import labels
 from .names import secret_name
@@ -35,6 +36,39 @@ TENSOR_PARALLEL_ENV = "BATON_TENSOR_PARALLEL_SIZE"
 
 def pool_of(spec: PDDeploymentSpec, role: str) -> WorkerPool:
     return spec.prefill if role == "prefill" else spec.decode
+
+
+def conversions_possible(spec: PDDeploymentSpec) -> bool:
+    """Whether the controller may convert pods between the pools: while autoscaling is on
+    (in either mode, a split that keeps the total is reached by converting)."""
+    return spec.autoscaling.enabled
+
+
+def ranks_sized_for(spec: PDDeploymentSpec, role: str) -> int:
+    """Tensor-parallel ranks a worker pod of `role` gets resources for.
+
+    A conversion regroups a pod in place onto the other pool's size, and a pod's resources
+    cannot grow in place: while conversions are possible every worker pod is sized for the
+    larger of the two pools' sizes; otherwise for its own pool's size.
+    """
+    if conversions_possible(spec):
+        return max(spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size)
+    return pool_of(spec, role).tensor_parallel_size
+
+
+def scaled_resources(resources: Resources, ranks: int) -> Resources:
+    """Per-rank requests and limits times `ranks` (the same object for one rank)."""
+    if ranks == 1:
+        return resources
+    return Resources(
+        requests={name: multiply_quantity(v, ranks) for name, v in resources.requests.items()},
+        limits={name: multiply_quantity(v, ranks) for name, v in resources.limits.items()},
+    )
+
+
+def pod_resources(spec: PDDeploymentSpec, role: str) -> Resources:
+    """What one worker pod of `role` requests and is limited to."""
+    return scaled_resources(pool_of(spec, role).resources, ranks_sized_for(spec, role))
 
 
 def worker_args(spec: PDDeploymentSpec) -> list[str]:
@@ -68,10 +102,13 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
 
 def template_hash(spec: PDDeploymentSpec, role: str) -> str:
     """Hash of what a running pod of `role` cannot change in place: the image, model, engine
-    and KV settings every worker shares, and its pool's resources and placement. A pod that
-    converts into a pool that places or sizes pods differently is stale there, and rolled.
-    The tensor-parallel size is not in it: a converting worker regroups in place."""
-    pool = pool_of(spec, role)
+    and KV settings every worker shares, its pool's placement and the pod's resources (the
+    pool's per-rank amounts times the ranks it is sized for). A pod that converts into a pool
+    that places or sizes pods differently is stale there, and rolled. The tensor-parallel
+    size itself is not in it: a converting worker regroups in place, and an edit of a size
+    rolls exactly the pods whose resources it changes (and, by their size label, the pods
+    of the edited pool)."""
+    pool = pool_of(spec, role).model_copy(update={"resources": pod_resources(spec, role)})
     fixed = {
         "image": spec.image,
         "pull": spec.image_pull_policy,
@@ -105,12 +142,12 @@ def model_volume(spec: PDDeploymentSpec) -> dict[str, Any] | None:
     return None
 
 
-def _resources(pool: WorkerPool) -> dict[str, Any]:
+def _resources(resources: Resources) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if pool.resources.requests:
-        out["requests"] = {k: str(v) for k, v in pool.resources.requests.items()}
-    if pool.resources.limits:
-        out["limits"] = {k: str(v) for k, v in pool.resources.limits.items()}
+    if resources.requests:
+        out["requests"] = {k: str(v) for k, v in resources.requests.items()}
+    if resources.limits:
+        out["limits"] = {k: str(v) for k, v in resources.limits.items()}
     return out
 
 
@@ -134,7 +171,7 @@ def worker_pod(deployment: str, pod_name: str, role: str, spec: PDDeploymentSpec
             _field_env(TENSOR_PARALLEL_ENV, f"metadata.labels['{labels.TENSOR_PARALLEL}']"),
             *scratch_env(),
         ],
-        "resources": _resources(pool),
+        "resources": _resources(pod_resources(spec, role)),
         "securityContext": container_security_context(),
         # Loading weights can take minutes: the startup probe holds liveness off until then.
         "startupProbe": _http_probe("/health", period=5, failures=120),
