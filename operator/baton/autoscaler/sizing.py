@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from baton.autoscaler.devices import WorkerDevices
 from baton.router.threshold import threshold_tokens
 
 
@@ -308,17 +309,35 @@ def best_fixed_split(load: FleetLoad, total_workers: int, min_prefill: int = 1, 
     When no split meets the SLOs the least overloaded one is returned (meets_slo False).
     Ties go to fewer prefill workers, keeping decode (which holds live sessions) larger.
     """
+    return best_split_within_devices(load, total_workers, WorkerDevices(), min_prefill, min_decode)
+
+
+def best_split_within_devices(load: FleetLoad, devices: int, per_worker: WorkerDevices,
+                              min_prefill: int = 1, min_decode: int = 1) -> SplitAssessment:
+    """The split x, y with x*a + y*b <= D that meets both SLOs with the most headroom.
+
+    devices (D): the fleet's devices; per_worker: devices a prefill (a) and a decode (b)
+    worker hold. For each x the decode pool takes every whole worker the rest holds,
+    y = floor((D - x*a) / b): more decode workers never cost headroom. With a = b = 1 this
+    is `best_fixed_split` of N = D workers. Ranking as in `best_fixed_split`.
+    """
     model = _SplitModel(load)
-    best_key, best_x = None, None
-    for x in range(min_prefill, total_workers - min_decode + 1):
-        rho_p, rho_d, ttft, tpot, _ = model.measures(x, total_workers - x)
+    best_key, best_split = None, None
+    x = min_prefill
+    while x * per_worker.prefill <= devices:
+        y = (devices - x * per_worker.prefill) // per_worker.decode
+        if y < min_decode:
+            break
+        rho_p, rho_d, ttft, tpot, _ = model.measures(x, y)
         # Meeting splits first, then headroom; ">" keeps the first (fewest prefill) of ties.
         key = (model.meets(rho_d, ttft, tpot), 1.0 - max(rho_p, rho_d))
         if best_key is None or key > best_key:
-            best_key, best_x = key, x
-    if best_x is None:
-        raise ValueError(f"cannot split {total_workers} workers with minimums {min_prefill}/{min_decode}")
-    return model.assess(best_x, total_workers - best_x)
+            best_key, best_split = key, (x, y)
+        x += 1
+    if best_split is None:
+        raise ValueError(f"cannot split {devices} devices ({per_worker.prefill} per prefill, "
+                         f"{per_worker.decode} per decode worker) with minimums {min_prefill}/{min_decode}")
+    return model.assess(*best_split)
 
 
 def elastic_pool_sizes(
