@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 from prometheus_client import CollectorRegistry
 
+from baton.api import parse_spec
 from baton.api.models import Autoscaling, SizingDecision
 from baton.autoscaler.actuator import ActuationError
 from baton.autoscaler.estimate import ObservationBuilder, PoolState, kv_capacity_from_usage
@@ -15,10 +16,13 @@ from baton.autoscaler.instruments import metrics_for
 from baton.autoscaler.loop import Controller
 from baton.autoscaler.metrics import FleetSnapshot, MetricsUnavailable, StepSample
 from baton.autoscaler.policy import SizingPolicy
+from baton.local.autoscale import stack_policy
+from baton.local.runtime import StackSpec
 from baton.operator.autoscaling.daemon import (
     policy_config,
     rate_window,
     replacing_patch,
+    spec_policy_config,
     worker_urls,
 )
 
@@ -208,6 +212,18 @@ def test_policy_config_from_the_spec():
     assert config.mode.value == "elastic" and config.prefill_bounds == (1, 3)
     assert config.ttft_slo_s == 0.5 and config.decode_utilisation == 0.7 and config.cooldown_s == 10
     assert rate_window(30) == "60s" and rate_window(45) == "90s"
+
+
+def test_the_controller_knows_each_pools_tensor_parallel_size():
+    spec = parse_spec({"image": "w", "prefill": {"tensorParallelSize": 2},
+                       "autoscaling": {"enabled": True, "mode": "fixed-fleet"}})
+    config = spec_policy_config(spec)
+    assert (config.prefill_tensor_parallel, config.decode_tensor_parallel) == (2, 1)
+    assert (config.worker_devices.prefill, config.worker_devices.decode) == (2, 2)
+    assert config.mode.value == "fixed-fleet"
+    # `baton up --autoscale --prefill-tp 1 --decode-tp 3`
+    local = stack_policy(PolicyConfig(cooldown_s=5.0), StackSpec(prefill_tp=1, decode_tp=3))
+    assert (local.prefill_tensor_parallel, local.decode_tensor_parallel, local.cooldown_s) == (1, 3, 5.0)
 
 
 def test_status_patch_replaces_the_previous_decision():

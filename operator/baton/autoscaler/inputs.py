@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from baton.autoscaler.devices import WorkerDevices, convertible_devices
+
 
 class Mode(StrEnum):
     FIXED_FLEET = "fixed-fleet"  # N workers, only their roles change
@@ -90,7 +92,11 @@ class PolicyConfig:
     the action's conversions are in flight; conversion_estimate_s: the time to convert when
     none is measured (None: the floor alone); conversion_share: share of the source pool that
     may convert at once (at least one worker); max_conversions_in_flight: an absolute cap on
-    concurrent conversions, the disruption budget (None: the share alone bounds them).
+    concurrent conversions, the disruption budget (None: the share alone bounds them);
+    prefill_tensor_parallel, decode_tensor_parallel: ranks (devices) a worker of each pool
+    runs. The controller converts workers in place, so it counts every worker at the larger
+    of the two (`worker_devices`, see `autoscaler/devices.py`): a fixed fleet is a budget of
+    devices, and a conversion is one worker for one worker.
     """
 
     ttft_slo_s: float = 2.0
@@ -110,6 +116,17 @@ class PolicyConfig:
     # cannot overload it even if the shift was misjudged. Below 20 workers this is one.
     conversion_share: float = 0.05
     max_conversions_in_flight: int | None = None
+    prefill_tensor_parallel: int = 1
+    decode_tensor_parallel: int = 1
+
+    @property
+    def worker_devices(self) -> WorkerDevices:
+        """Devices each worker holds: the larger pool's TP, since any worker may convert."""
+        return convertible_devices(self.prefill_tensor_parallel, self.decode_tensor_parallel)
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return self.prefill_tensor_parallel != 1 or self.decode_tensor_parallel != 1
 
     def conversion_limit(self, source_pool: int) -> int:
         """Conversions allowed in flight at once when converting out of `source_pool` workers."""

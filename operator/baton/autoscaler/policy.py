@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from baton.autoscaler import sizing
+from baton.autoscaler.devices import WorkerDevices
 from baton.autoscaler.inputs import (
     Action,
     Decision,
@@ -73,6 +74,10 @@ class SizingPolicy:
             f"{outputs['decode_utilisation']:.2f} of capacity"
         )
 
+        if self.config.tensor_parallel:
+            outputs.update(_device_outputs(self.config.worker_devices, current, desired))
+            pressure += _devices_note(self.config, current, desired)
+
         hold_reason, count = self._hold_reason(obs, action, desired, outputs)
         if hold_reason:
             return Decision(
@@ -83,7 +88,7 @@ class SizingPolicy:
         self._last_action_s = obs.now_s
         self._reference = obs
         self._reset_streak()
-        target = _target(current, desired, action, count)
+        target = _target(current, desired, action, count, self.config.worker_devices)
         workers = "one" if count == 1 else str(count)
         plural = "" if count == 1 else "s"
         verb = {
@@ -108,11 +113,13 @@ class SizingPolicy:
         )
 
     def _fixed_fleet_target(self, load: sizing.FleetLoad, current: tuple[int, int]):
-        total = sum(current)
+        # The fleet is a device budget: the devices the current split holds.
+        per_worker = self.config.worker_devices
+        devices = per_worker.fleet(*current)
         min_prefill = max(1, self.config.prefill_bounds[0])
         min_decode = max(1, self.config.decode_bounds[0])
         now = sizing.assess_split(load, *current)
-        best = sizing.best_fixed_split(load, total, min_prefill, min_decode)
+        best = sizing.best_split_within_devices(load, devices, per_worker, min_prefill, min_decode)
         gain = best.headroom - now.headroom if math.isfinite(now.headroom) else math.inf
         outputs = _assessment_outputs(load, now, best, gain)
         return (best.prefill_workers, best.decode_workers), outputs
@@ -223,14 +230,37 @@ def _assessment_outputs(load: sizing.FleetLoad, now: sizing.SplitAssessment, pla
     }
 
 
-def _target(current: tuple[int, int], desired: tuple[int, int], action: Action, count: int) -> tuple[int, int]:
-    """The split after this action: `count` workers moved towards `desired`, or `desired` itself."""
+def _target(current: tuple[int, int], desired: tuple[int, int], action: Action, count: int,
+            per_worker: WorkerDevices) -> tuple[int, int]:
+    """The split after this action: `count` workers converted towards `desired` (each into
+    as many workers as its devices hold: one, under the controller's convertible rule), or
+    `desired` itself."""
     x, y = current
     if action is Action.CONVERT_DECODE_TO_PREFILL:
-        return x + count, y - count
+        return x + count * per_worker.workers_from_conversion("decode"), y - count
     if action is Action.CONVERT_PREFILL_TO_DECODE:
-        return x - count, y + count
+        return x - count, y + count * per_worker.workers_from_conversion("prefill")
     return desired
+
+
+def _device_outputs(per_worker: WorkerDevices, current: tuple[int, int],
+                    desired: tuple[int, int]) -> dict[str, float]:
+    return {
+        "prefill_devices_per_worker": float(per_worker.prefill),
+        "decode_devices_per_worker": float(per_worker.decode),
+        "fleet_devices": float(per_worker.fleet(*current)),
+        "desired_devices": float(per_worker.fleet(*desired)),
+    }
+
+
+def _devices_note(config: PolicyConfig, current: tuple[int, int], desired: tuple[int, int]) -> str:
+    """Pools in devices, for fleets whose workers run more than one rank."""
+    per_worker = config.worker_devices
+    held, wanted = per_worker.fleet(*current), per_worker.fleet(*desired)
+    change = "" if wanted == held else f" -> {wanted}"
+    return (f"; {held}{change} devices, {per_worker.prefill} per worker (prefill TP "
+            f"{config.prefill_tensor_parallel}, decode TP {config.decode_tensor_parallel}: "
+            "a convertible worker holds the larger)")
 
 
 def _split(split: tuple[int, int]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +28,12 @@ def pool_sizes(spec) -> dict[str, int]:
     if spec.prefill_tp == spec.decode_tp:
         return {}
     return {"prefill": spec.prefill_tp, "decode": spec.decode_tp}
+
+
+def stack_policy(policy: PolicyConfig, spec) -> PolicyConfig:
+    """The policy with the stack's pool sizes (`--prefill-tp/--decode-tp`): the controller
+    counts each worker at the larger one, as a worker may convert and regroup in place."""
+    return replace(policy, prefill_tensor_parallel=spec.prefill_tp, decode_tensor_parallel=spec.decode_tp)
 
 
 @dataclass
@@ -79,7 +85,7 @@ class ControllerThread:
             print(decision_line(record), flush=True)
 
         window = self.settings.window_s or 2 * self.settings.period_s
-        controller = Controller("local", ScrapeSource(urls, window_s=window), SizingPolicy(self.settings.policy), actuator,
+        controller = Controller("local", ScrapeSource(urls, window_s=window), SizingPolicy(stack_policy(self.settings.policy, self.stack.spec)), actuator,
                                 period_s=self.settings.period_s, registry=self.registry,
                                 on_decision=on_decision)
         try:

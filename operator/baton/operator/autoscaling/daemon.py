@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from baton.api import GROUP, PLURAL, VERSION, SpecProblem, parse_spec
-from baton.api.models import Autoscaling
+from baton.api.models import Autoscaling, PDDeploymentSpec
 from baton.autoscaler.inputs import Action, Decision, Mode, PolicyConfig
 from baton.autoscaler.loop import Controller
 from baton.autoscaler.metrics import MetricsSource
@@ -33,8 +33,10 @@ from .actuator import KubernetesActuator
 log = logging.getLogger(__name__)
 
 
-def policy_config(settings: Autoscaling) -> PolicyConfig:
-    """The policy's configuration from spec.autoscaling (pure)."""
+def policy_config(settings: Autoscaling, prefill_tp: int = 1, decode_tp: int = 1) -> PolicyConfig:
+    """The policy's configuration from spec.autoscaling and the pools' tensorParallelSize
+    (pure): the controller counts each worker at the larger size, as the operator sizes
+    every worker pod while autoscaling is on."""
     return PolicyConfig(
         ttft_slo_s=settings.slo.ttft_seconds,
         tpot_slo_s=settings.slo.tpot_seconds,
@@ -44,7 +46,14 @@ def policy_config(settings: Autoscaling) -> PolicyConfig:
         prefill_bounds=(settings.prefill.min, settings.prefill.max),
         decode_bounds=(settings.decode.min, settings.decode.max),
         cooldown_s=float(settings.cooldown_seconds),
+        prefill_tensor_parallel=prefill_tp,
+        decode_tensor_parallel=decode_tp,
     )
+
+
+def spec_policy_config(spec: PDDeploymentSpec) -> PolicyConfig:
+    return policy_config(spec.autoscaling, spec.prefill.tensor_parallel_size,
+                         spec.decode.tensor_parallel_size)
 
 
 def rate_window(period_s: int) -> str:
@@ -120,19 +129,21 @@ def register_autoscaler(registry: kopf.OperatorRegistry, config: OperatorConfig,
         client = api()
         owner = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
                  "metadata": {k: body.metadata.get(k) for k in ("name", "namespace", "uid")}}
-        settings = parse_spec(dict(body.get("spec", {}))).autoscaling
+        spec = parse_spec(dict(body.get("spec", {})))
+        settings = spec.autoscaling
         previous = dict((body.get("status") or {}).get("lastDecision") or {}) or None
         controller = Controller(
             name, make_source(settings, client, namespace, name, config.worker_port),
-            SizingPolicy(policy_config(settings)),
+            SizingPolicy(spec_policy_config(spec)),
             KubernetesActuator(client, namespace, name),
             period_s=settings.period_seconds,
             on_decision=DecisionReporter(client, owner, previous))
         try:
             while not stopped:
                 try:
-                    settings = parse_spec(dict(body.get("spec", {}))).autoscaling
-                    controller.policy.config = policy_config(settings)  # follow spec edits
+                    spec = parse_spec(dict(body.get("spec", {})))
+                    settings = spec.autoscaling
+                    controller.policy.config = spec_policy_config(spec)  # follow spec edits
                     await controller.step()
                 except SpecProblem as problem:
                     log.info("%s/%s: autoscaler waits for a valid spec: %s", namespace, name, problem)
