@@ -73,10 +73,23 @@ def test_threshold_formula():
 def test_load_moves_the_threshold():
     # unloaded 20 tokens (above); 3 decodes stalled by a local prefill make it 10 ms / 3.5 ms
     assert threshold_tokens(0.010, 0.001, 500_000, 1e9, decoding=3) == pytest.approx(0.010 / 0.0035)
-    # a prefill queue as long as the decode batch cancels it out
-    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, decoding=3, prefill_queue=3) == pytest.approx(20.0)
-    # a queued prefill pool and an idle decode worker: prefill at home
-    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, prefill_queue=1) == math.inf
+    # 2,000 prompt tokens queued on the prefill worker: 2 s more before a remote prefill starts
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, queued_tokens=2000) == pytest.approx(2.010 / 0.0005)
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, decoding=3, queued_tokens=2000) == pytest.approx(2.010 / 0.0035)
+
+
+def test_the_prefill_queue_counts_tokens_not_prompts():
+    # as measured on one core: 1.7 ms a prompt token, 23 KB of KV a token over ~1 GB/s
+    measured = dict(o_fixed_s=0.008, prefill_s_per_token=0.0017, kv_bytes_per_token=23040, link_bytes_per_s=957e6)
+    # eight streams decoding, one 2,000-token prefill queued: a 64-token prompt stays home
+    # (it would wait 3.4 s there), a second long one still goes away
+    behind_a_long_one = threshold_tokens(**measured, decoding=8, queued_tokens=2000)
+    assert choose_path(64, behind_a_long_one, True) == "local"
+    assert choose_path(2000, behind_a_long_one, True) == "remote"
+    # two streams decoding, eight 64-token prompts queued: a 2,000-token prompt goes away
+    # (counted as 8 prompts "like this one" it stayed home and stalled the streams for 11 s)
+    behind_short_ones = threshold_tokens(**measured, decoding=2, queued_tokens=8 * 64)
+    assert choose_path(2000, behind_short_ones, True) == "remote"
 
 
 def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():
@@ -84,8 +97,15 @@ def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():
     assert est.threshold(decoding=7) == pytest.approx(64)
     assert choose_path(256, est.threshold(decoding=7), True) == "remote"
     assert choose_path(256, est.threshold(decoding=0), True) == "local"
-    assert est.threshold(decoding=0, prefill_queue=2) == math.inf
+    assert est.threshold(decoding=0, queued_tokens=1000) == pytest.approx(1512)
     assert ThresholdEstimator(fixed=300).threshold(decoding=50) == 300  # a fixed threshold is fixed
+
+
+def test_the_prefill_workers_own_rate_feeds_the_threshold():
+    est = ThresholdEstimator()
+    est.observe_prefill_rate(0.002)
+    est.observe_prefill_rate(0.0)  # not measured yet: ignored
+    assert est.prefill_s_per_token.value == pytest.approx(0.002)
 
 
 def test_busy_counts_the_fresher_of_poll_and_own_requests():

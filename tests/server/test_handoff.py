@@ -34,7 +34,12 @@ def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, dec
         report = r["prefill"].json()
         assert report["first_token"] == expected[0]
         assert report["transfer"]["layers"] == 30 and report["transfer"]["resent_layers"] == []
-    moved = sum(r["prefill"].json()["transfer"]["bytes"] for r in results)
+    transfers = [r["prefill"].json()["transfer"] for r in results]
+    for t in transfers:  # what the router's threshold learns from: the wait and the rate apart
+        assert 0 <= t["queued_seconds"] <= t["prefill_seconds"]
+        assert t["prefill_seconds_per_token"] is None or 0 < t["prefill_seconds_per_token"] < t["prefill_seconds"]
+    assert any(t["prefill_seconds_per_token"] for t in transfers)  # measured once a step has run
+    moved = sum(t["bytes"] for t in transfers)
     assert prefill.metric("baton_kv_transfer_bytes_total") - sent_before == moved
     assert decode.metric("baton_kv_exposed_transfer_seconds_count") == 0  # measured on the prefill side
     assert prefill.metric("baton_kv_exposed_transfer_seconds_count") >= len(prompt_ids)

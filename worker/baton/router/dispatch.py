@@ -106,7 +106,7 @@ class Dispatcher:
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
         threshold = self.estimator.threshold(decoding=decode[0].busy,
-                                             prefill_queue=prefill[0].busy if prefill else 0)
+                                             queued_tokens=prefill[0].inflight_tokens if prefill else 0)
         path = choose_path(len(prompt) - cached, threshold, bool(prefill))
         if path == "remote":
             try:
@@ -174,7 +174,7 @@ class Dispatcher:
             cached = self.index.cached_blocks(p_url, hashes) * self.block_size
             started = time.monotonic()  # the reservation is part of the remote path's overhead
             d_url, ticket = await self._reserve(try_rid, prompt, params)
-            self.pool.begin(p_url)
+            self.pool.begin(p_url, len(prompt) - cached)
             try:
                 answer = await self.client.prefill(p_url, try_rid, prompt, params, ticket, self.deadlines.prefill_s)
             except asyncio.CancelledError:  # the client left mid-prefill: free both sides now
@@ -189,7 +189,7 @@ class Dispatcher:
                 await self.client.abort(d_url, try_rid)  # give the reservation back now
                 continue
             finally:
-                self.pool.end(p_url)
+                self.pool.end(p_url, len(prompt) - cached)
             self.index.record(p_url, hashes)
             self.index.record(d_url, hashes)
             self._learn(len(prompt), len(prompt) - cached, time.monotonic() - started, answer.get("transfer"))
@@ -243,15 +243,19 @@ class Dispatcher:
         transfer report, then the fixed overhead they leave unexplained. The link's speed is
         bytes over the time the layers spent on the wire: the whole stream's span is paced
         by compute and would make the link look as slow as the prefill."""
+        queued_s = 0.0
         if isinstance(transfer, dict):
             num_bytes = _number(transfer, "bytes")
             wire_s = _number(transfer, "wire_seconds")
-            prefill_s = _number(transfer, "prefill_seconds")
+            rate = _number(transfer, "prefill_seconds_per_token")
             if num_bytes and wire_s:
                 self.estimator.observe_transfer(num_bytes, wire_s, prompt_len)
-            if prefill_s:
-                self.estimator.observe_prefill(uncached, prefill_s)
-        self.estimator.observe_remote(uncached, seconds)
+            if rate:  # the worker's step costs: neither its queue nor a shared step in it
+                self.estimator.observe_prefill_rate(rate)
+            elif _number(transfer, "prefill_seconds"):  # a worker without the rate
+                self.estimator.observe_prefill(uncached, _number(transfer, "prefill_seconds"))
+            queued_s = _number(transfer, "queued_seconds") or 0.0
+        self.estimator.observe_remote(uncached, seconds - queued_s)
 
     def _abort_later(self, url: str, rid: str) -> None:
         # cancellation may be why we are here: run the abort outside this task

@@ -24,6 +24,7 @@ class WorkerSnapshot:
     waiting: int = 0
     kv_usage: float = 0.0
     inflight: int = 0  # requests this router has outstanding there (fresher than a poll)
+    inflight_tokens: int = 0  # of which prompt tokens still to prefill (prefill workers)
 
     @property
     def accepts_work(self) -> bool:

@@ -34,6 +34,7 @@ class WorkerPool:
         self._members: dict[str, Membership] = {}
         self._snapshots: dict[str, WorkerSnapshot] = {}
         self._inflight: dict[str, int] = {}
+        self._inflight_tokens: dict[str, int] = {}
         self._counters: dict[str, dict[str, float]] = {}
         self.changed = asyncio.Event()  # set whenever a worker may have become usable
 
@@ -61,13 +62,17 @@ class WorkerPool:
 
     # -- views used by the dispatcher ------------------------------------------------------
     def snapshots(self) -> list[WorkerSnapshot]:
-        return [replace(s, inflight=self._inflight.get(url, 0)) for url, s in self._snapshots.items()]
+        return [replace(s, inflight=self._inflight.get(url, 0), inflight_tokens=self._inflight_tokens.get(url, 0))
+                for url, s in self._snapshots.items()]
 
-    def begin(self, url: str) -> None:
+    def begin(self, url: str, tokens: int = 0) -> None:
+        """A request (of `tokens` prompt tokens to prefill) is outstanding at `url`."""
         self._inflight[url] = self._inflight.get(url, 0) + 1
+        self._inflight_tokens[url] = self._inflight_tokens.get(url, 0) + tokens
 
-    def end(self, url: str) -> None:
+    def end(self, url: str, tokens: int = 0) -> None:
         self._inflight[url] = max(0, self._inflight.get(url, 0) - 1)
+        self._inflight_tokens[url] = max(0, self._inflight_tokens.get(url, 0) - tokens)
 
     def mark_failed(self, url: str) -> None:
         """A request failed to reach the worker: no new work until a poll succeeds."""

@@ -6,11 +6,17 @@ beyond  L_thresh = O_fixed / (t_tok − kv/BW).  With `auto` the inputs are meas
 router runs (smoothed); until each has been seen, a fallback threshold applies.
 
 Load moves the threshold. A local prefill also stalls the n requests decoding on that worker
-(each loses L·t_tok of its stream); a remote one first waits behind the q prompts queued on
-the prefill worker (about q·L·t_tok if they are like this one). Remote then wins beyond
-    L_thresh = O_fixed / (t_tok·(1 + n − q) − kv/BW),
-the unloaded threshold when n = q = 0: a busy decode worker and an idle prefill pool send
-even short prompts away; a queued prefill pool keeps them home.
+(each loses L·t_tok of its stream); a remote one first waits for the Q prompt tokens already
+queued on the prefill worker (Q·t_tok). Remote then wins beyond
+    L_thresh = (O_fixed + Q·t_tok) / (t_tok·(1 + n) − kv/BW),
+the unloaded threshold when n = Q = 0: a busy decode worker and an idle prefill pool send
+even short prompts away; a queued prefill pool keeps them home. The queue is counted in
+tokens, not prompts: a short prompt behind one long prefill waits for all of it, a long one
+behind a few short prompts hardly at all (counting prompts sent 64-token prompts to wait
+behind a 2,000-token prefill, and a 2,000-token prompt home to stall eight streams).
+t_tok is the prefill worker's own step cost per prompt token (queueing and batching out);
+O_fixed is what a remote answer's time leaves once its queueing, compute and transfer are
+taken out.
 """
 
 from __future__ import annotations
@@ -22,20 +28,13 @@ DEFAULT_FALLBACK_TOKENS = 512.0
 
 
 def threshold_tokens(o_fixed_s: float, prefill_s_per_token: float, kv_bytes_per_token: float,
-                     link_bytes_per_s: float, decoding: float = 0.0, prefill_queue: float = 0.0) -> float:
+                     link_bytes_per_s: float, decoding: float = 0.0, queued_tokens: float = 0.0) -> float:
     """L_thresh in tokens; infinity when sending a token costs more than computing it here
-    (counting the decodes it stalls and the prefill queue it waits behind)."""
-    per_token_gain = (prefill_s_per_token * load_factor(decoding, prefill_queue)
-                      - kv_bytes_per_token / link_bytes_per_s)
+    (counting the decodes it stalls)."""
+    per_token_gain = prefill_s_per_token * (1.0 + max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
     if per_token_gain <= 0:
         return math.inf
-    return max(0.0, o_fixed_s) / per_token_gain
-
-
-def load_factor(decoding: float, prefill_queue: float) -> float:
-    """1 + n − q: the local path's cost per prompt token, in units of t_tok, net of the wait
-    the remote path adds."""
-    return 1.0 + max(decoding, 0.0) - max(prefill_queue, 0.0)
+    return (max(0.0, o_fixed_s) + max(queued_tokens, 0.0) * prefill_s_per_token) / per_token_gain
 
 
 def parse_threshold(value: str | int | float | None) -> float | None:
@@ -77,6 +76,11 @@ class ThresholdEstimator:
         if tokens > 0 and seconds > 0:
             self.prefill_s_per_token.observe(seconds / tokens)
 
+    def observe_prefill_rate(self, seconds_per_token: float) -> None:
+        """The prefill worker's own measured cost of a prompt token (its step costs)."""
+        if seconds_per_token and seconds_per_token > 0:
+            self.prefill_s_per_token.observe(seconds_per_token)
+
     def observe_transfer(self, num_bytes: float, seconds: float, tokens: int | None = None) -> None:
         if num_bytes > 0 and seconds > 0:
             self.link_bytes_per_s.observe(num_bytes / seconds)
@@ -84,26 +88,26 @@ class ThresholdEstimator:
             self.kv_bytes_per_token.observe(num_bytes / tokens)
 
     def observe_remote(self, tokens: int, ttft_s: float) -> None:
-        """A remote request's time to first token; what compute and transfer don't explain
-        is the fixed overhead."""
+        """A remote request's time to first token, less its time queued on the prefill
+        worker; what compute and transfer don't explain is the fixed overhead."""
         t_tok, bw, kv = (self.prefill_s_per_token.value, self.link_bytes_per_s.value,
                          self.kv_bytes_per_token.value)
         if t_tok is None or bw is None or kv is None:
             return
         self.o_fixed_s.observe(max(0.0, ttft_s - tokens * t_tok - tokens * kv / bw))
 
-    def threshold(self, decoding: float = 0.0, prefill_queue: float = 0.0) -> float:
+    def threshold(self, decoding: float = 0.0, queued_tokens: float = 0.0) -> float:
         """For a prompt headed to a decode worker with `decoding` requests on it, while the
-        best prefill worker has `prefill_queue`. A fixed threshold ignores load; the fallback
-        (inputs not yet measured) scales by the same load factor as the formula."""
+        best prefill worker has `queued_tokens` prompt tokens to prefill first. A fixed
+        threshold ignores load; the fallback (inputs not yet measured) stands for
+        O_fixed / t_tok and moves with load as the formula does."""
         if self.fixed is not None:
             return self.fixed
         inputs = (self.o_fixed_s.value, self.prefill_s_per_token.value,
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
         if any(v is None for v in inputs):
-            factor = load_factor(decoding, prefill_queue)
-            return self.fallback / factor if factor > 0 else math.inf
-        return threshold_tokens(*inputs, decoding=decoding, prefill_queue=prefill_queue)
+            return (self.fallback + max(queued_tokens, 0.0)) / (1.0 + max(decoding, 0.0))
+        return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens)
 
     def explain(self) -> dict:
         return {"mode": "fixed" if self.fixed is not None else "auto",
