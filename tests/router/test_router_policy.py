@@ -124,6 +124,15 @@ def test_estimator_falls_back_until_measured_then_follows_measurements():
     assert ThresholdEstimator(fixed=64).threshold() == 64
 
 
+def test_the_prefill_workers_queue_and_shared_steps_are_not_fixed_overhead():
+    est = ThresholdEstimator()
+    est.observe_prefill_rate(0.001)
+    est.observe_transfer(1e6, 0.002, tokens=1000)
+    # a 256-token prompt that waited behind six others in one shared step: 1.5 s on the worker
+    est.observe_remote(256, 1.5 + 0.010 + 256 * 0.000002, worker_s=1.5)
+    assert est.o_fixed_s.value == pytest.approx(0.010)
+
+
 def test_parse_threshold():
     assert parse_threshold("auto") is None and parse_threshold(None) is None
     assert parse_threshold("128") == 128.0

@@ -35,8 +35,7 @@ def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, dec
         assert report["first_token"] == expected[0]
         assert report["transfer"]["layers"] == 30 and report["transfer"]["resent_layers"] == []
     transfers = [r["prefill"].json()["transfer"] for r in results]
-    for t in transfers:  # what the router's threshold learns from: the wait and the rate apart
-        assert 0 <= t["queued_seconds"] <= t["prefill_seconds"]
+    for t in transfers:  # the router's threshold learns the rate apart from queue and batch
         assert t["prefill_seconds_per_token"] is None or 0 < t["prefill_seconds_per_token"] < t["prefill_seconds"]
     assert any(t["prefill_seconds_per_token"] for t in transfers)  # measured once a step has run
     moved = sum(t["bytes"] for t in transfers)

@@ -221,10 +221,6 @@ class Engine:
             outputs.append(self._output(seq, [], ""))
         if not (batch.prefills or batch.decodes):
             return outputs
-        scheduled_at = time.monotonic()
-        for seq, _ in batch.prefills:
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = scheduled_at
         started = time.perf_counter()
         try:
             sampled = self._run(batch, layer_hook)

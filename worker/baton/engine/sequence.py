@@ -36,7 +36,6 @@ class Sequence:
     generator: torch.Generator | None = None
     logprobs: list[dict] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.monotonic)
-    first_scheduled_time: float | None = None  # its first prompt chunk ran (monotonic)
     first_token_time: float | None = None
     num_preemptions: int = 0
     # prefill side of a handoff: called after each layer with

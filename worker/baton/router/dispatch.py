@@ -171,28 +171,31 @@ class Dispatcher:
             if not prefill:
                 raise _FallBackLocal()
             p_url = prefill[0].url
-            cached = self.index.cached_blocks(p_url, hashes) * self.block_size
+            uncached = len(prompt) - self.index.cached_blocks(p_url, hashes) * self.block_size
             started = time.monotonic()  # the reservation is part of the remote path's overhead
-            d_url, ticket = await self._reserve(try_rid, prompt, params)
-            self.pool.begin(p_url, len(prompt) - cached)
+            # queued there from the decision on, so that a burst's later prompts count it
+            self.pool.begin(p_url, uncached)
             try:
-                answer = await self.client.prefill(p_url, try_rid, prompt, params, ticket, self.deadlines.prefill_s)
-            except asyncio.CancelledError:  # the client left mid-prefill: free both sides now
-                self._abort_later(p_url, try_rid)
-                self._abort_later(d_url, try_rid)
-                raise
-            except (WorkerUnavailable, WorkerRejected, WorkerRefused) as e:
-                self.metrics.retries.labels("prefill_failed").inc()
-                excluded.add(p_url)
-                if isinstance(e, WorkerUnavailable):
-                    self.pool.mark_failed(p_url)
-                await self.client.abort(d_url, try_rid)  # give the reservation back now
-                continue
+                d_url, ticket = await self._reserve(try_rid, prompt, params)
+                try:
+                    answer = await self.client.prefill(p_url, try_rid, prompt, params, ticket,
+                                                       self.deadlines.prefill_s)
+                except asyncio.CancelledError:  # the client left mid-prefill: free both sides now
+                    self._abort_later(p_url, try_rid)
+                    self._abort_later(d_url, try_rid)
+                    raise
+                except (WorkerUnavailable, WorkerRejected, WorkerRefused) as e:
+                    self.metrics.retries.labels("prefill_failed").inc()
+                    excluded.add(p_url)
+                    if isinstance(e, WorkerUnavailable):
+                        self.pool.mark_failed(p_url)
+                    await self.client.abort(d_url, try_rid)  # give the reservation back now
+                    continue
             finally:
-                self.pool.end(p_url, len(prompt) - cached)
+                self.pool.end(p_url, uncached)
             self.index.record(p_url, hashes)
             self.index.record(d_url, hashes)
-            self._learn(len(prompt), len(prompt) - cached, time.monotonic() - started, answer.get("transfer"))
+            self._learn(len(prompt), uncached, time.monotonic() - started, answer.get("transfer"))
             self.metrics.routes.labels("remote").inc()
             async with aclosing(self._decode_stream(d_url, try_rid, _first_token(answer))) as chunks:
                 async for chunk in chunks:
@@ -243,19 +246,19 @@ class Dispatcher:
         transfer report, then the fixed overhead they leave unexplained. The link's speed is
         bytes over the time the layers spent on the wire: the whole stream's span is paced
         by compute and would make the link look as slow as the prefill."""
-        queued_s = 0.0
+        worker_s = None
         if isinstance(transfer, dict):
             num_bytes = _number(transfer, "bytes")
             wire_s = _number(transfer, "wire_seconds")
             rate = _number(transfer, "prefill_seconds_per_token")
+            worker_s = _number(transfer, "prefill_seconds")  # its queue and compute
             if num_bytes and wire_s:
                 self.estimator.observe_transfer(num_bytes, wire_s, prompt_len)
             if rate:  # the worker's step costs: neither its queue nor a shared step in it
                 self.estimator.observe_prefill_rate(rate)
-            elif _number(transfer, "prefill_seconds"):  # a worker without the rate
-                self.estimator.observe_prefill(uncached, _number(transfer, "prefill_seconds"))
-            queued_s = _number(transfer, "queued_seconds") or 0.0
-        self.estimator.observe_remote(uncached, seconds - queued_s)
+            elif worker_s:  # a worker without the rate
+                self.estimator.observe_prefill(uncached, worker_s)
+        self.estimator.observe_remote(uncached, seconds, worker_s)
 
     def _abort_later(self, url: str, rid: str) -> None:
         # cancellation may be why we are here: run the abort outside this task

@@ -15,8 +15,8 @@ tokens, not prompts: a short prompt behind one long prefill waits for all of it,
 behind a few short prompts hardly at all (counting prompts sent 64-token prompts to wait
 behind a 2,000-token prefill, and a 2,000-token prompt home to stall eight streams).
 t_tok is the prefill worker's own step cost per prompt token (queueing and batching out);
-O_fixed is what a remote answer's time leaves once its queueing, compute and transfer are
-taken out.
+O_fixed is what a remote answer's time leaves once the prefill worker's own time (queue and
+compute) and the transfer are taken out.
 """
 
 from __future__ import annotations
@@ -87,14 +87,16 @@ class ThresholdEstimator:
         if num_bytes > 0 and tokens:
             self.kv_bytes_per_token.observe(num_bytes / tokens)
 
-    def observe_remote(self, tokens: int, ttft_s: float) -> None:
-        """A remote request's time to first token, less its time queued on the prefill
-        worker; what compute and transfer don't explain is the fixed overhead."""
+    def observe_remote(self, tokens: int, ttft_s: float, worker_s: float | None = None) -> None:
+        """A remote request's time to first token; what the prefill worker's own time
+        (`worker_s`: its queue and compute, steps shared with other prompts included; else
+        tokens x t_tok) and the transfer don't explain is the fixed overhead."""
         t_tok, bw, kv = (self.prefill_s_per_token.value, self.link_bytes_per_s.value,
                          self.kv_bytes_per_token.value)
         if t_tok is None or bw is None or kv is None:
             return
-        self.o_fixed_s.observe(max(0.0, ttft_s - tokens * t_tok - tokens * kv / bw))
+        worker = worker_s if worker_s is not None else tokens * t_tok
+        self.o_fixed_s.observe(max(0.0, ttft_s - worker - tokens * kv / bw))
 
     def threshold(self, decoding: float = 0.0, queued_tokens: float = 0.0) -> float:
         """For a prompt headed to a decode worker with `decoding` requests on it, while the

@@ -197,12 +197,9 @@ class PrefillService:
 
         held_params = replace(params, max_tokens=max(2, params.max_tokens), stop=[], stop_token_ids=[], ignore_eos=True)
 
-        sequence = []
-
         def add_on_engine(engine):
             engine.add_request(prompt_ids, held_params, request_id, prefill_only=True)
             seq = engine.sequences[request_id]
-            sequence.append(seq)
             seq.layer_listener = handoff.listener(seq)  # before its first step
             seq.rank_export = rank_export
             self.active[request_id] = handoff
@@ -240,9 +237,8 @@ class PrefillService:
                 "bytes": report.total_bytes,
                 "layers": len(report.layers),
                 "prefill_seconds": report.compute_end - started,
-                # for the router's threshold: the wait before the first chunk ran, and the
-                # engine's measured cost of a prompt token (its queue and batching out)
-                "queued_seconds": _queued_seconds(sequence[0]),
+                # the engine's measured cost of a prompt token, free of its queue and of
+                # steps shared with other prompts (the router's threshold uses it)
                 "prefill_seconds_per_token": engine.step_costs.prefill_s_per_token,
                 "transfer_seconds": report.transfer_seconds,
                 # time the sender spent putting layers on the wire (not waiting for compute)
@@ -399,9 +395,3 @@ async def _closed(streamer: LayerStreamer, request_id: str) -> None:
 def prefill_timeout_default() -> float:
     return float(os.environ.get("BATON_PREFILL_TIMEOUT_S", "120"))
 
-
-def _queued_seconds(seq) -> float:
-    """Seconds a prompt waited in the engine before its first chunk ran."""
-    if seq.first_scheduled_time is None:
-        return 0.0
-    return max(0.0, seq.first_scheduled_time - seq.arrival_time)
