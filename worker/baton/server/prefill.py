@@ -169,7 +169,28 @@ class PrefillService:
         self.active: dict[str, _Handoff] = {}  # engine thread view: requests being prefilled
         self.active_ids: set[str] = set()  # server loop view, from the request to its cleanup
         self.rank_waits: dict[str, dict[int, concurrent.futures.Future]] = {}  # other ranks' outcomes
+        self._releases: set[asyncio.Task] = set()  # blocks going back after the answer left
         async_engine.step_observers.append(self._after_step)
+
+    def _release_later(self, request_id: str, handoff: _Handoff) -> None:
+        """After ACK (or failure) the prompt's blocks go to this worker's prefix cache, without
+        holding the answer: the engine takes the release between two steps, and a prefill
+        step can take seconds (a 2,000-token prompt's answer waited ~4 s behind the next
+        prompt's step while the decode worker had already made all its tokens). The request
+        stays in `active_ids` (a drain waits for it) until its blocks are back."""
+        async def release() -> None:
+            try:
+                for streamer in handoff.streamers:
+                    await _closed(streamer, request_id)
+                await self.ae.call(lambda e: e.release(request_id))
+            except Exception:
+                log.exception("prefill %s: releasing its KV blocks failed", request_id)
+            finally:
+                self.active_ids.discard(request_id)
+
+        task = asyncio.get_running_loop().create_task(release())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     def check_ticket(self, engine, ticket: Ticket, prompt_ids: list[int]) -> None:
         cfg = engine.model_config
@@ -220,13 +241,7 @@ class PrefillService:
             self.active.pop(request_id, None)
             self.rank_waits.pop(request_id, None)
             self.ae.close_stream(request_id)
-            try:
-                for streamer in handoff.streamers:
-                    await _closed(streamer, request_id)
-                # after ACK (or failure) the prompt's blocks go to this worker's prefix cache
-                await self.ae.call(lambda e: e.release(request_id))
-            finally:
-                self.active_ids.discard(request_id)
+            self._release_later(request_id, handoff)
         self.metrics.observe_transfer(report.total_bytes, report.transfer_seconds, report.exposed_seconds)
         return {
             "request_id": request_id,
