@@ -409,4 +409,3 @@ async def _closed(streamer: LayerStreamer, request_id: str) -> None:
 
 def prefill_timeout_default() -> float:
     return float(os.environ.get("BATON_PREFILL_TIMEOUT_S", "120"))
-
