@@ -46,7 +46,9 @@ static void FN(locate_rows)(const ELEM *k_cache, const ELEM *v_cache, const int3
  * register, `chunks` registers a head (a constant at each call, so the loops unroll and the
  * accumulators stay in registers). Each score's 16 partial sums are added as a tree; the
  * portable loops below leave the compiler a running sum it turns into a chain of scalar
- * adds, which was half of a decode step's attention time. */
+ * adds, which was half of a decode step's attention time. These sums use fused multiply-adds
+ * and their own order: float32 results a few ulps from the portable loops' (the attention
+ * never matched torch's bits; the tests compare it within float32 tolerance). */
 static inline __attribute__((always_inline)) void FN(block_scores_avx512)(
     const float *q, int heads, const ELEM *k_cache, const int64_t *rows, int n, const int chunks,
     float scale, float p[][ATTENTION_TOKENS]) {
