@@ -44,6 +44,17 @@ void BRGEMM_RELEASE(bool vnni) __attribute__((weak));
 bool BRGEMM_COULD_PACK(int8_t type) __attribute__((weak));
 enum { TORCH_BFLOAT16 = 15 }; /* c10::ScalarType::BFloat16 */
 
+/* fp32 <-> bf16, round to nearest even (as torch's .to(torch.bfloat16)) */
+static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static inline uint16_t f32_to_bf16(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
 #include "quant_product.h"
 
 typedef struct { /* every tensor in the model's dtype (fp32 or bf16) */
@@ -111,17 +122,6 @@ static void exp_in_place(float *x, int n) {
     memcpy(scale, bits, sizeof(float) * n);
     for (int i = 0; i < n; i++) x[i] *= scale[i];
 }
-
-/* fp32 <-> bf16, round to nearest even (as torch's .to(torch.bfloat16)) */
-static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-static inline uint16_t f32_to_bf16(float x) {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* A product on quantized weights: out = x @ W^T (+ bias, of the model's dtype). */
 static void linear_quant(const QuantMatrix *w, const float *x, int rows, int n, const void *bias,

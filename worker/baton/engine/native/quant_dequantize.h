@@ -6,52 +6,43 @@
  * output rounds those float32 values to nearest even, as torch's conversion does; writing
  * it here saves a pass over the tile. A prompt chunk dequantizes the whole matrix for each
  * product, so this runs on every prefill step: vectorized where the CPU allows.
- * Included by quant_product.h (after quant_kernels.h).
+ * Included by quant_product.h (after quant_kernels.h); f32_to_bf16 is decode_step.c's.
  */
 
-/* bfloat16 bits of a float32, rounded to nearest even; NaN stays a (quiet) NaN. */
-static inline uint16_t float_to_bf16_bits(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, 4);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x0040u);
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
-/* The 32 values of one block of one row (lane `lane` of its 16-row group) into out[32]. */
-static inline void dequantize_block_scalar(const uint8_t *g, const QuantFormat *f, int lane, float *out) {
+/* One block's scales for one row (lane `lane` of its 16-row group): d, and m (0 without). */
+static inline void block_scales(const uint8_t *g, const QuantFormat *f, int lane, float *d, float *m) {
     uint16_t bits;
     memcpy(&bits, g + 2 * lane, 2);
-    const float d = half_to_float(bits);
-    float m = 0.0f;
-    if (f->has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); m = half_to_float(bits); }
-    const uint8_t *qs = g + QUANT_ROWS * f->header_bytes + 4 * lane;
-    for (int c = 0; c < (f->nibbles ? 4 : 8); c++)
-        for (int j = 0; j < 4; j++) {
-            const uint8_t byte = qs[64 * c + j];
-            if (!f->nibbles) out[4 * c + j] = d * (float)((int)byte - f->offset);
-            else if (f->has_min) {
-                out[4 * c + j] = d * (float)(byte & 0x0F) + m;
-                out[16 + 4 * c + j] = d * (float)(byte >> 4) + m;
-            } else {
-                out[4 * c + j] = d * (float)((byte & 0x0F) - f->offset);
-                out[16 + 4 * c + j] = d * (float)((byte >> 4) - f->offset);
-            }
-        }
+    *d = half_to_float(bits);
+    *m = 0.0f;
+    if (f->has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); *m = half_to_float(bits); }
 }
 
-static inline void store_scalar(const float *values, int n, void *out, int bf16) {
-    if (!bf16) { memcpy(out, values, sizeof(float) * n); return; }
-    uint16_t *o = (uint16_t *)out;
-    for (int i = 0; i < n; i++) o[i] = float_to_bf16_bits(values[i]);
+static inline const uint8_t *block_quants(const uint8_t *g, const QuantFormat *f, int lane) {
+    return g + QUANT_ROWS * f->header_bytes + 4 * lane;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#define QUANT_DEQUANTIZE "avx512"
+#if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__F16C__))
 /* A row's 16 bytes of chunks c0..c0+3 (4 bytes each, 64 apart) in value order. */
 static inline __m128i row_bytes(const uint8_t *qs) {
     return _mm_setr_epi32(load_i32(qs), load_i32(qs + 64), load_i32(qs + 128), load_i32(qs + 192));
 }
 
+/* A block's 32 quants of one row as unsigned bytes in value order: values 0-15, 16-31. */
+static inline void block_bytes(const uint8_t *qs, const QuantFormat *f, __m128i halves[2]) {
+    if (f->nibbles) {
+        const __m128i bytes = row_bytes(qs), mask = _mm_set1_epi8(0x0F);
+        halves[0] = _mm_and_si128(bytes, mask);
+        halves[1] = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    } else {
+        halves[0] = row_bytes(qs);
+        halves[1] = row_bytes(qs + 256);
+    }
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define QUANT_DEQUANTIZE "avx512"
 /* 16 unsigned bytes -> (q - offset) * d (+ m) as 16 floats */
 static inline __m512 scaled16(__m128i q, int offset, __m512 d, __m512 m, int has_min) {
     __m512i v = _mm512_cvtepu8_epi32(q);
@@ -60,6 +51,7 @@ static inline __m512 scaled16(__m128i q, int offset, __m512 d, __m512 m, int has
     return has_min ? _mm512_add_ps(product, m) : product;
 }
 
+/* f32_to_bf16 on 16 lanes */
 static inline void store16(__m512 v, void *out, int at, int bf16) {
     if (!bf16) { _mm512_storeu_ps((float *)out + at, v); return; }
     __m512i bits = _mm512_castps_si512(v);
@@ -75,31 +67,17 @@ static inline void store16(__m512 v, void *out, int at, int bf16) {
 static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int lane, void *out, int bf16) {
     const int step = QUANT_ROWS * f->block_bytes;
     for (int b = 0; b < nb; b++, g += step) {
-        uint16_t bits;
-        memcpy(&bits, g + 2 * lane, 2);
-        const __m512 d = _mm512_set1_ps(half_to_float(bits));
-        __m512 m = _mm512_setzero_ps();
-        if (f->has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); m = _mm512_set1_ps(half_to_float(bits)); }
-        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes + 4 * lane;
-        __m128i low, high;
-        if (f->nibbles) {
-            const __m128i bytes = row_bytes(qs), mask = _mm_set1_epi8(0x0F);
-            low = _mm_and_si128(bytes, mask);
-            high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-        } else {
-            low = row_bytes(qs);
-            high = row_bytes(qs + 256);
-        }
-        store16(scaled16(low, f->offset, d, m, f->has_min), out, b * QUANT_BLOCK, bf16);
-        store16(scaled16(high, f->offset, d, m, f->has_min), out, b * QUANT_BLOCK + 16, bf16);
+        float d, m;
+        block_scales(g, f, lane, &d, &m);
+        __m128i halves[2];
+        block_bytes(block_quants(g, f, lane), f, halves);
+        const __m512 scale = _mm512_set1_ps(d), min = _mm512_set1_ps(m);
+        for (int h = 0; h < 2; h++)
+            store16(scaled16(halves[h], f->offset, scale, min, f->has_min), out, b * QUANT_BLOCK + 16 * h, bf16);
     }
 }
 #elif defined(__AVX2__) && defined(__F16C__)
 #define QUANT_DEQUANTIZE "avx2"
-static inline __m128i row_bytes(const uint8_t *qs) {
-    return _mm_setr_epi32(load_i32(qs), load_i32(qs + 64), load_i32(qs + 128), load_i32(qs + 192));
-}
-
 /* 8 unsigned bytes (the low half of q) -> (q - offset) * d (+ m) as 8 floats */
 static inline __m256 scaled8(__m128i q, int offset, __m256 d, __m256 m, int has_min) {
     __m256i v = _mm256_cvtepu8_epi32(q);
@@ -108,6 +86,7 @@ static inline __m256 scaled8(__m128i q, int offset, __m256 d, __m256 m, int has_
     return has_min ? _mm256_add_ps(product, m) : product;
 }
 
+/* f32_to_bf16 on 8 lanes */
 static inline void store8(__m256 v, void *out, int at, int bf16) {
     if (!bf16) { _mm256_storeu_ps((float *)out + at, v); return; }
     const __m256i bits = _mm256_castps_si256(v);
@@ -125,36 +104,40 @@ static inline void store8(__m256 v, void *out, int at, int bf16) {
 static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int lane, void *out, int bf16) {
     const int step = QUANT_ROWS * f->block_bytes;
     for (int b = 0; b < nb; b++, g += step) {
-        uint16_t bits;
-        memcpy(&bits, g + 2 * lane, 2);
-        const __m256 d = _mm256_set1_ps(half_to_float(bits));
-        __m256 m = _mm256_setzero_ps();
-        if (f->has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); m = _mm256_set1_ps(half_to_float(bits)); }
-        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes + 4 * lane;
-        __m128i quarters[2];
-        if (f->nibbles) {
-            const __m128i bytes = row_bytes(qs), mask = _mm_set1_epi8(0x0F);
-            quarters[0] = _mm_and_si128(bytes, mask);
-            quarters[1] = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-        } else {
-            quarters[0] = row_bytes(qs);
-            quarters[1] = row_bytes(qs + 256);
-        }
+        float d, m;
+        block_scales(g, f, lane, &d, &m);
+        __m128i halves[2];
+        block_bytes(block_quants(g, f, lane), f, halves);
+        const __m256 scale = _mm256_set1_ps(d), min = _mm256_set1_ps(m);
         for (int h = 0; h < 2; h++) {
-            store8(scaled8(quarters[h], f->offset, d, m, f->has_min), out, b * QUANT_BLOCK + 16 * h, bf16);
-            store8(scaled8(_mm_srli_si128(quarters[h], 8), f->offset, d, m, f->has_min), out,
-                   b * QUANT_BLOCK + 16 * h + 8, bf16);
+            const int at = b * QUANT_BLOCK + 16 * h;
+            store8(scaled8(halves[h], f->offset, scale, min, f->has_min), out, at, bf16);
+            store8(scaled8(_mm_srli_si128(halves[h], 8), f->offset, scale, min, f->has_min), out, at + 8, bf16);
         }
     }
 }
 #else
 #define QUANT_DEQUANTIZE "scalar"
 static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int lane, void *out, int bf16) {
-    const int step = QUANT_ROWS * f->block_bytes, size = bf16 ? 2 : 4;
-    float values[QUANT_BLOCK];
+    const int step = QUANT_ROWS * f->block_bytes;
     for (int b = 0; b < nb; b++, g += step) {
-        dequantize_block_scalar(g, f, lane, values);
-        store_scalar(values, QUANT_BLOCK, (char *)out + (int64_t)b * QUANT_BLOCK * size, bf16);
+        float d, m, values[QUANT_BLOCK];
+        block_scales(g, f, lane, &d, &m);
+        const uint8_t *qs = block_quants(g, f, lane);
+        for (int c = 0; c < (f->nibbles ? 4 : 8); c++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t byte = qs[64 * c + j];
+                if (!f->nibbles) values[4 * c + j] = d * (float)((int)byte - f->offset);
+                else if (f->has_min) {
+                    values[4 * c + j] = d * (float)(byte & 0x0F) + m;
+                    values[16 + 4 * c + j] = d * (float)(byte >> 4) + m;
+                } else {
+                    values[4 * c + j] = d * (float)((byte & 0x0F) - f->offset);
+                    values[16 + 4 * c + j] = d * (float)((byte >> 4) - f->offset);
+                }
+            }
+        if (!bf16) { memcpy((float *)out + b * QUANT_BLOCK, values, sizeof values); continue; }
+        for (int i = 0; i < QUANT_BLOCK; i++) ((uint16_t *)out)[b * QUANT_BLOCK + i] = f32_to_bf16(values[i]);
     }
 }
 #endif

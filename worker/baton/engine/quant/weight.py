@@ -187,8 +187,8 @@ class QuantizedWeight(nn.Module):
 
         n, dtype = self.shape[0], self.dense.dtype
         step = max(1, min(n, DENSE_TILE_VALUES // self.k))
-        scratch = torch.empty(step, self.k, dtype=dtype if dtype == torch.bfloat16 else torch.float32)
-        xs = x.to(scratch.dtype)
+        scratch = torch.empty(step, self.k, dtype=dtype)  # float32 or bfloat16 (DenseProducts)
+        xs = x.to(dtype)
         out = torch.empty(x.shape[0], n, dtype=torch.float32)
         for first in range(0, n, step):
             count = min(step, n - first)
