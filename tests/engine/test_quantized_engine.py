@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from baton.engine import SamplingParams
+from baton.engine.cpu_features import this_cpu
 from baton.engine.loader import bundled_model_path
 from baton.engine.quant.formats import UnsupportedQuantization
+from baton.engine.quant.placement import prompt_dtype
 from baton.engine.quant.weight import QuantizedWeight
 from baton.engine.scoring import prompt_logits
 
@@ -106,6 +108,23 @@ def test_bf16_runs_the_quantized_products_natively_and_says_so(small_files, smal
     assert kl < 0.05, kl  # bf16 activations: close to float32, not equal
     out = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=6, ignore_eos=True))
     assert all(len(o.token_ids) == 6 for o in out)
+
+
+def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(small_files, small_reference,
+                                                                              caplog):
+    with caplog.at_level(logging.INFO, logger="baton.engine.model_runner"):
+        engine = make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)
+    assert engine.dtype == torch.float32  # the integer decode products take float32 inputs
+    fast, _ = prompt_dtype(this_cpu(), torch.float32, "auto")  # bf16 where the CPU has it
+    assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == fast
+    assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
+    assert ("prompt attention in torch.bfloat16" in caplog.text) == (fast == torch.bfloat16)
+    ids = small_reference.tokenizer.encode(HELD_OUT)[:300]  # past the dense products' row counts
+    got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)
+    agree = (reference.argmax(-1) == got.argmax(-1)).float().mean().item()
+    kl = F.kl_div(F.log_softmax(got, -1), F.log_softmax(reference, -1), log_target=True,
+                  reduction="batchmean").item()
+    assert agree >= 0.95 and kl < 0.02, (agree, kl)
 
 
 def test_q4_0_and_q8_0_parts_in_one_matrix(small_files, small_reference):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from baton.engine.kernels import ref
+from baton.engine.kernels import compute_prompt_attention_in, get_ops, ref
 
 
 def _gen(seed):
@@ -85,6 +85,26 @@ def test_prefill_with_cache_is_full_causal_attention():
         causal = torch.ones(n + c, n + c, dtype=torch.bool).tril()
         want = _dense_attention(q, k, v, 0.25, causal)[c:]
         torch.testing.assert_close(out[cu[b] : cu[b + 1]].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_prompt_attention_computed_in_bf16_returns_the_activations_dtype():
+    """fp32 activations on a bf16 CPU: the prompt attention runs in bf16 and comes back fp32,
+    close to the fp32 result; the cache is read as it is stored."""
+    g = _gen(3)
+    hq, hkv, d, bs = 4, 2, 16, 4
+    k_cache, v_cache = torch.randn(16, bs, hkv, d, generator=g), torch.randn(16, bs, hkv, d, generator=g)
+    tables = torch.arange(8).reshape(2, 4).int()
+    q, k, v = (torch.randn(7, h, d, generator=g) for h in (hq, hkv, hkv))
+    args = (k_cache, v_cache, tables, [0, 4, 7], [4, 9], 0.25)  # one fresh, one extending 6 cached
+    ops = get_ops("cpu")
+    want = ops.paged_prefill_attention(q, k, v, *args)
+    compute_prompt_attention_in(ops, torch.bfloat16)
+    got = ops.paged_prefill_attention(q, k, v, *args)
+    assert got.dtype == torch.float32 and ops.prompt_attention_dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+    assert not torch.equal(got, want)  # it did run in bf16
+    assert ops.paged_prefill_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), *args).dtype == torch.bfloat16
+    assert get_ops("cpu").paged_prefill_attention is ref.paged_prefill_attention  # others untouched
 
 
 def test_rope_is_complex_rotation():

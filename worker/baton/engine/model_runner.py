@@ -5,20 +5,25 @@ with a `comm` for the collectives; rank 0's drives the others (engine.parallel.r
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from baton.engine.config import EngineConfig, ModelConfig
-from baton.engine.kernels import get_ops
+from baton.engine.cpu_features import this_cpu
+from baton.engine.kernels import compute_prompt_attention_in, get_ops
 from baton.engine.models.llama import LlamaModel
 from baton.engine.native.decoder import NativeDecoder
 from baton.engine.parallel.shards import RankShard, local_config
 from baton.engine.parallel.weight_shards import shard_tensors
-from baton.engine.quant.placement import place_quantized
+from baton.engine.quant.placement import place_quantized, prompt_dtype
 from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
 from baton.engine.step_inputs import StepInputs
 from baton.engine.weights import load_weights
 from baton.kv.blockviews import cache_bytes
+
+log = logging.getLogger(__name__)
 
 
 def kv_pool_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> int:
@@ -48,6 +53,11 @@ class ModelRunner:
         load_weights(self.model, tensors)
         self.model.to(device)
         self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)
+        if device.type == "cpu":
+            attention, why = prompt_dtype(this_cpu(), dtype, config.dtype)
+            if attention != dtype:
+                compute_prompt_attention_in(self.ops, attention)
+                log.info("prompt attention in %s, activations in %s: %s", attention, dtype, why)
         self.model.prepare()
         self.num_blocks = num_blocks or self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)

@@ -57,3 +57,20 @@ def get_ops(device: torch.device | str) -> SimpleNamespace:
         except ImportError:
             pass
     return _namespace(ref, "ref")
+
+
+def compute_prompt_attention_in(ops: SimpleNamespace, dtype: torch.dtype) -> None:
+    """Make `ops`' prompt (prefill and extend) attention compute in `dtype`, its result cast
+    back to the activations' dtype; the model holds `ops`, so this is changed in place. For
+    float32 activations on a CPU with bf16 in hardware: a 1,024-token prompt's attention ran
+    2.5x faster in bf16 (SmolLM2, AMX Xeon, 2 threads)."""
+    attend = ops.paged_prefill_attention
+
+    def paged_prefill_attention(q, k, v, k_cache, v_cache, *args):
+        if q.dtype == dtype:
+            return attend(q, k, v, k_cache, v_cache, *args)
+        return attend(q.to(dtype), k.to(dtype), v.to(dtype), k_cache, v_cache, *args).to(q.dtype)
+
+    ops.paged_prefill_attention = paged_prefill_attention
+    ops.prompt_attention_dtype = dtype
+

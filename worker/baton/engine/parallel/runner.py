@@ -64,13 +64,13 @@ class TensorParallelRunner:
         self._store = TCPStore(host, 0, size, True, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=start_s))
         engine = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("model", "extra")}
-        engine["dtype"] = str(dtype).removeprefix("torch.")
         env = {**os.environ, AUTHKEY_ENV: self._listener.authkey.hex()}
         self.procs: list = []
         deadline = time.monotonic() + start_s
         try:
             for rank in range(1, size):
-                spec = RankSpec(rank=rank, size=size, model=config.model, engine=engine, device="cpu",
+                spec = RankSpec(rank=rank, size=size, model=config.model, engine=engine,
+                                dtype=str(dtype).removeprefix("torch."), device="cpu",
                                 num_blocks=num_blocks, store_host=host, store_port=self._store.port,
                                 control_host=host, control_port=self._listener.address[1],
                                 timeout_s=timeout_s, start_timeout_s=start_s,

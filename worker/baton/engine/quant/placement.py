@@ -26,16 +26,21 @@ KERNELS = {  # quant_kernels.h's names
 DENSE_MIN_ROWS = {torch.bfloat16: 128, torch.float32: 256}
 
 
-def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[DenseProducts, str]:
-    """The dense GEMM a CPU's many-row products use, and why: bf16 where the CPU multiplies
-    it in hardware and the engine runs bf16 or was left to choose (`auto`), else fp32."""
+def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
+    """The dtype a CPU's prompt products (dense GEMMs, prompt attention) compute in, and why:
+    bf16 where the CPU multiplies it in hardware and the engine runs bf16 or was left to
+    choose (`auto`, whose activations stay float32 on quantized weights), else float32."""
     hardware, why = auto_cpu_dtype(cpu)
     if hardware == "bfloat16" and (dtype == torch.bfloat16 or asked_dtype == "auto"):
-        gemm = torch.bfloat16
-    else:
-        gemm = torch.float32
-        if hardware == "bfloat16":
-            why = f"float32 asked for ({why} unused)"
+        return torch.bfloat16, why
+    if hardware == "bfloat16":
+        return torch.float32, f"float32 asked for ({why} unused)"
+    return torch.float32, why
+
+
+def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[DenseProducts, str]:
+    """The dense GEMM a CPU's many-row products use, and why (see `prompt_dtype`)."""
+    gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
     rows = DENSE_MIN_ROWS[gemm]
     return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
 
