@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from baton.local.autoscale import pool_sizes
 from baton.local.plan import WorkerPlan, plan_roles, plan_workers, worker_args
 from baton.local.runtime import StackSpec
+from baton.local.up import add_arguments, spec_from_args
 
 
 def test_one_core_a_worker_round_robin_without_tensor_parallelism():
@@ -20,6 +23,19 @@ def test_each_rank_takes_the_next_core():
         ("prefill", (0, 1), 2), ("decode", (2, 3), 2)]
     plans = plan_workers(plan_roles(1, 1, 0), [0, 1], prefill_tp=2, decode_tp=1)
     assert [p.cores for p in plans] == [(0, 1), (0,)]  # more ranks than cores: shared
+
+
+def test_convertible_workers_hold_the_larger_pools_cores():
+    # --autoscale: a worker regroups in place when converted, so it holds max(a, b) cores
+    plans = plan_workers(plan_roles(1, 2, 0), list(range(8)), prefill_tp=2, decode_tp=1, convertible=True)
+    assert [(p.role, p.cores, p.tensor_parallel_size) for p in plans] == [
+        ("prefill", (0, 1), 2), ("decode", (2, 3), 1), ("decode", (4, 5), 1)]
+    fixed = plan_workers(plan_roles(1, 2, 0), list(range(8)), prefill_tp=2, decode_tp=1)
+    assert [p.cores for p in fixed] == [(0, 1), (2,), (3,)]
+    up = argparse.ArgumentParser()
+    add_arguments(up)
+    assert spec_from_args(up.parse_args(["--autoscale", "--prefill-tp", "2"])).convertible
+    assert not spec_from_args(up.parse_args(["--prefill-tp", "2"])).convertible
 
 
 def test_colocated_workers_take_the_decode_size():
@@ -43,7 +59,7 @@ def test_worker_arguments_pin_every_rank_and_name_the_size():
                        None, 64, ["http://peer"], ["--dtype=float32"])
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert [args[i + 1] for i, a in enumerate(args) if a == "--cpu-core"] == ["2", "3"]
-    assert args[args.index("--threads") + 1] == "1"  # per rank
+    assert "--threads" not in args  # each rank runs a thread per core of its share
     single = worker_args(WorkerPlan(0, "prefill", (0,)), 1, 2, "h", "a", None, None, [], [])
     assert "--tensor-parallel-size" not in single and "--chunk-size" not in single
 

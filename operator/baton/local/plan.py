@@ -9,7 +9,7 @@ from dataclasses import dataclass
 class WorkerPlan:
     index: int
     role: str  # prefill | decode | both
-    cores: tuple[int, ...] = ()  # pinned CPU cores, one per tensor-parallel rank
+    cores: tuple[int, ...] = ()  # pinned CPU cores, shared out among its tensor-parallel ranks
     tensor_parallel_size: int = 1
 
 
@@ -25,16 +25,21 @@ def plan_roles(prefill: int, decode: int, colocated: int) -> list[str]:
     return ["prefill"] * prefill + ["decode"] * decode
 
 
-def plan_workers(roles: list[str], cores: list[int], prefill_tp: int = 1, decode_tp: int = 1) -> list[WorkerPlan]:
+def plan_workers(roles: list[str], cores: list[int], prefill_tp: int = 1, decode_tp: int = 1,
+                 convertible: bool = False) -> list[WorkerPlan]:
     """Each worker takes the next cores, one per rank, round robin: workers share cores only
-    when there are more ranks than cores. Colocated workers decode: they take `decode_tp`."""
+    when there are more ranks than cores. Colocated workers decode: they take `decode_tp`.
+    `convertible` (--autoscale): a worker may be converted to the other pool and regroup onto
+    its size in place, so each holds the larger pool's cores from the start (as a pod asks
+    for the larger pool's devices) and its ranks share them out."""
     if prefill_tp < 1 or decode_tp < 1:
         raise ValueError(f"--prefill-tp and --decode-tp must be at least 1, got {prefill_tp} and {decode_tp}")
     plans, next_core = [], 0
     for i, role in enumerate(roles):
         tp = prefill_tp if role == "prefill" else decode_tp
-        mine = tuple(cores[(next_core + r) % len(cores)] for r in range(tp)) if cores else ()
-        next_core += tp
+        held = max(prefill_tp, decode_tp) if convertible else tp
+        mine = tuple(cores[(next_core + c) % len(cores)] for c in range(held)) if cores else ()
+        next_core += held
         plans.append(WorkerPlan(i, role, mine, tp))
     return plans
 
@@ -43,10 +48,8 @@ def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_
                 model: str | None, chunk_size: int | None, peers: list[str], extra: list[str]) -> list[str]:
     args = ["--role", plan.role, "--host", host, "--port", str(port), "--kv-port", str(kv_port),
             "--advertise-host", advertise_host, "--worker-id", f"{plan.role}-{plan.index}"]
-    for core in plan.cores:
+    for core in plan.cores:  # each rank's torch threads: one per core of its share
         args += ["--cpu-core", str(core)]
-    if plan.cores:
-        args += ["--threads", "1"]  # per rank
     if plan.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
     if model:

@@ -33,6 +33,7 @@ class StackSpec:
     colocated: int = 0
     prefill_tp: int = 1  # tensor-parallel ranks per prefill worker
     decode_tp: int = 1  # and per decode or colocated worker
+    convertible: bool = False  # --autoscale: workers may change pools (and regroup in place)
     chunk_size: int | None = None
     port: int = 8000
     model: str | None = None
@@ -107,7 +108,8 @@ class LocalStack:
         import ray
 
         roles = plan_roles(self.spec.prefill, self.spec.decode, self.spec.colocated)
-        plans = plan_workers(roles, sorted(os.sched_getaffinity(0)), self.spec.prefill_tp, self.spec.decode_tp)
+        plans = plan_workers(roles, sorted(os.sched_getaffinity(0)), self.spec.prefill_tp, self.spec.decode_tp,
+                             convertible=self.spec.convertible)
         if self.spec.address:
             ray.init(address=self.spec.address, log_to_driver=False)
         else:

@@ -62,7 +62,7 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
     if args.quantization:
         extra.append(f"--quantization={args.quantization}")
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
-                     prefill_tp=args.prefill_tp, decode_tp=args.decode_tp,
+                     prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, convertible=args.autoscale,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
                      worker_args=extra + list(args.worker_arg), log_dir=args.log_dir,
@@ -96,8 +96,9 @@ def cpu_line() -> str:
     from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
     dtype, why = auto_cpu_dtype(this_cpu())
+    prompts = " (prompt products in bfloat16)" if dtype == "bfloat16" else ""
     return (f"CPU: {this_cpu().describe()}; --dtype auto runs {dtype} here ({why}), "
-            "float32 where the weights stay quantized")
+            f"float32 where the weights stay quantized{prompts}")
 
 
 def run(args: argparse.Namespace) -> int:
