@@ -2,7 +2,8 @@
 pods, converts a decode worker to prefill (drain, then role switch) while no request fails;
 the decision shows in status, in Events and in Prometheus. The pools run different
 tensor-parallel sizes (prefill 3 ranks a pod, decode 1): every handoff re-shards the KV heads
-in flight, and the converted worker regroups onto 3 ranks in place.
+in flight, and the converted worker regroups onto 3 ranks in place. Resources are per rank,
+so every pod asks for 3 ranks' worth from the start and keeps it through the conversion.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from e2e.harness import is_ready, pods, router_url, wait_for
 pytestmark = pytest.mark.slow
 NAME = "shift"
 WORKERS = f"baton.dev/deployment={NAME},app.kubernetes.io/component=worker"
+PER_RANK = {"requests": {"cpu": "100m", "memory": "64Mi"}}
 LONG_PROMPT = ("Baton moves the KV cache from a prefill worker to a decode worker, like the "
                "baton of a relay race: the prefill worker computes the prompt, then hands the "
                "cache over and the decode worker streams the answer. ") * 16
@@ -33,7 +35,8 @@ def roles(cluster) -> list[str]:
 @pytest.fixture(scope="module")
 def shift(cluster):
     spec = {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32", "kvCacheMemoryGb": 0.25},
-            "prefill": {"replicas": 1, "tensorParallelSize": 3}, "decode": {"replicas": 2},
+            "prefill": {"replicas": 1, "tensorParallelSize": 3, "resources": PER_RANK},
+            "decode": {"replicas": 2, "resources": PER_RANK},
             "autoscaling": {"enabled": True, "mode": "fixed-fleet", "periodSeconds": 5,
                             "cooldownSeconds": 0, "prometheusUrl": cluster.info["prometheus"],
                             "prefill": {"min": 1, "max": 2}, "decode": {"min": 1, "max": 2},
@@ -48,8 +51,15 @@ def shift(cluster):
     cluster.kubectl("delete", "pdd", NAME, "--wait=true", "--timeout=240s", timeout=260)
 
 
+def worker_requests(cluster) -> list[dict]:
+    return [next(c for c in p["spec"]["containers"] if c["name"] == "worker")["resources"].get("requests")
+            for p in pods(cluster, WORKERS)]
+
+
 def test_long_prompts_make_the_controller_convert_a_decode_worker(cluster, shift):
     assert roles(cluster) == ["decode", "decode", "prefill"]
+    # autoscaling on: every pod is sized for the larger pool's 3 ranks, decode pods too
+    assert worker_requests(cluster) == [{"cpu": "300m", "memory": "192Mi"}] * 3
     names = {p["metadata"]["name"] for p in pods(cluster, WORKERS)}
     client = openai.OpenAI(base_url=f"{router_url(cluster, shift)}/v1", api_key="none",
                            max_retries=0, timeout=120)
@@ -82,6 +92,7 @@ def test_long_prompts_make_the_controller_convert_a_decode_worker(cluster, shift
     sizes = sorted((p["metadata"]["labels"]["baton.dev/role"], p["metadata"]["labels"]["baton.dev/tensor-parallel-size"])
                    for p in pods(cluster, WORKERS))
     assert sizes == [("decode", "1"), ("prefill", "3"), ("prefill", "3")]
+    assert worker_requests(cluster) == [{"cpu": "300m", "memory": "192Mi"}] * 3  # nothing rolled
     failures = [o for o in outcomes if o is not True]
     assert outcomes and not failures, failures[:3]
     decision = cluster.get("pdd", shift)["status"]["lastDecision"]
