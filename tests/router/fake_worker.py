@@ -26,6 +26,7 @@ class FakeWorker:
         self.fail_prefills = 0  # answer 500 this many times
         self.die_after_tokens: int | None = None  # drop the connection after n streamed tokens
         self.queue_timeouts = 0  # answer this many generate calls 429 queue_timeout (pool full)
+        self.prefill_seconds_per_token: float | None = None  # its own rate, as its state says
         self.calls: list[tuple[str, str]] = []  # (path, request_id)
         self.aborted: list[str] = []
         self.reserved: dict[str, dict] = {}
@@ -55,7 +56,8 @@ class FakeWorker:
         if not self._authorized(request):
             return web.json_response({"error": {"message": "token"}}, status=401)
         return web.json_response({"role": self.role, "state": self.state, "running": 0,
-                                  "waiting": 0, "kv_usage": 0.1})
+                                  "waiting": 0, "kv_usage": 0.1,
+                                  "prefill_seconds_per_token": self.prefill_seconds_per_token})
 
     async def reserve(self, request: web.Request) -> web.Response:
         body = await self._body(request, "reserve")

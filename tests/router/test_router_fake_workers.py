@@ -224,3 +224,21 @@ async def test_stream_opens_once_a_worker_takes_the_request(fake_workers, model_
     assert opened < 0.3
     assert seen[0][1] == {"role": "assistant", "content": ""} and seen[0][0] < 0.3
     assert seen[1][1]["content"] and seen[1][0] >= 0.45
+
+
+async def test_the_pool_reads_each_workers_own_prompt_rate(fake_workers):
+    from baton.router.pool import Membership, WorkerPool
+    from baton.router.worker_client import WorkerClient
+
+    measured, cold = await fake_workers("decode"), await fake_workers("decode")
+    measured.prefill_seconds_per_token = 0.006
+    worker_client = WorkerClient()
+    pool = WorkerPool(worker_client)
+    pool.set_members([Membership(measured.url), Membership(cold.url)])
+    try:
+        await pool.poll_once()
+        rates = {s.url: s.prefill_s_per_token for s in pool.snapshots()}
+        assert rates == {measured.url: 0.006, cold.url: None}
+    finally:
+        await worker_client.close()
+

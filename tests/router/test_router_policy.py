@@ -9,6 +9,7 @@ import pytest
 
 from baton.router.admission import AdmissionQueue, Overloaded
 from baton.router.policy import PrefixIndex, WorkerSnapshot, choose_path, rank_decode, rank_prefill
+from baton.router.pool import positive_or_none
 from baton.router.threshold import ThresholdEstimator, parse_threshold, threshold_tokens
 from baton.router.worker_metrics import counter_deltas, parse_worker_counters
 
@@ -106,6 +107,36 @@ def test_the_prefill_workers_own_rate_feeds_the_threshold():
     est.observe_prefill_rate(0.002)
     est.observe_prefill_rate(0.0)  # not measured yet: ignored
     assert est.prefill_s_per_token.value == pytest.approx(0.002)
+
+
+def test_the_decode_workers_own_prompt_cost_is_the_local_side():
+    # 1 ms a token at the prefill worker, but 3 ms where it decodes (small chunks under the
+    # TPOT cap): 10 ms / (3 - 0.5) ms = 4 tokens, and 3 decodes stalled: 10 / (12 - 0.5)
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, local_s_per_token=0.003) == pytest.approx(4.0)
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, decoding=3,
+                            local_s_per_token=0.003) == pytest.approx(0.010 / 0.0115)
+    # the queue ahead at the prefill worker still costs its own rate
+    assert threshold_tokens(0.010, 0.001, 500_000, 1e9, queued_tokens=100,
+                            local_s_per_token=0.003) == pytest.approx(0.110 / 0.0025)
+    for unknown in (None, 0.0):  # not measured there: the prefill worker's rate stands in
+        assert threshold_tokens(0.010, 0.001, 500_000, 1e9, local_s_per_token=unknown) == pytest.approx(20.0)
+    est = ThresholdEstimator()
+    est.o_fixed_s.observe(0.010), est.observe_prefill_rate(0.001), est.observe_transfer(500_000, 5e-4, tokens=1)
+    assert est.threshold(local_s_per_token=0.003) == pytest.approx(4.0)
+    assert est.threshold() == pytest.approx(20.0)
+    # one core each: with four streams decoding, a 256-token prompt behind a 2,000-token
+    # prefill stays home at the prefill worker's 1.7 ms a token (threshold ~436), and goes
+    # away where the decode worker's chunks cost it 6 ms a token (threshold ~123)
+    measured = dict(o_fixed_s=0.3, prefill_s_per_token=0.0017, kv_bytes_per_token=23040, link_bytes_per_s=957e6)
+    assert choose_path(256, threshold_tokens(**measured, decoding=4, queued_tokens=2000), True) == "local"
+    assert choose_path(256, threshold_tokens(**measured, decoding=4, queued_tokens=2000,
+                                             local_s_per_token=0.006), True) == "remote"
+
+
+def test_a_workers_measured_rate_is_read_only_when_it_is_one():
+    assert positive_or_none(0.002) == 0.002 and positive_or_none(3) == 3.0
+    for nonsense in (None, 0, -1.0, float("nan"), float("inf"), True, "0.002"):
+        assert positive_or_none(nonsense) is None
 
 
 def test_busy_counts_the_fresher_of_poll_and_own_requests():

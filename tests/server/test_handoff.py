@@ -38,6 +38,9 @@ def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, dec
     for t in transfers:  # the router's threshold learns the rate apart from queue and batch
         assert t["prefill_seconds_per_token"] is None or 0 < t["prefill_seconds_per_token"] < t["prefill_seconds"]
     assert any(t["prefill_seconds_per_token"] for t in transfers)  # measured once a step has run
+    # every worker publishes its own rate in its state, for the router's local side
+    assert prefill.state()["prefill_seconds_per_token"] > 0
+    assert "prefill_seconds_per_token" in decode.state()  # None until it prefills a prompt itself
     moved = sum(t["bytes"] for t in transfers)
     assert prefill.metric("baton_kv_transfer_bytes_total") - sent_before == moved
     assert decode.metric("baton_kv_exposed_transfer_seconds_count") == 0  # measured on the prefill side

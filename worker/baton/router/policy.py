@@ -25,6 +25,7 @@ class WorkerSnapshot:
     kv_usage: float = 0.0
     inflight: int = 0  # requests this router has outstanding there (fresher than a poll)
     inflight_tokens: int = 0  # of which prompt tokens still to prefill (prefill workers)
+    prefill_s_per_token: float | None = None  # its own measured cost of a prompt token
 
     @property
     def accepts_work(self) -> bool:

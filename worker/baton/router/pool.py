@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, replace
 
 from baton.router.policy import WorkerSnapshot
@@ -99,7 +100,8 @@ class WorkerPool:
             url=url, role=str(state.get("role") or member.role or "unknown"),
             state=str(state.get("state") or "active"), healthy=True,
             running=int(state.get("running") or 0), waiting=int(state.get("waiting") or 0),
-            kv_usage=float(state.get("kv_usage") or 0.0))
+            kv_usage=float(state.get("kv_usage") or 0.0),
+            prefill_s_per_token=positive_or_none(state.get("prefill_seconds_per_token")))
         was_usable = url in self._snapshots and self._snapshots[url].accepts_work
         self._snapshots[url] = self._apply_labels(snap, member)
         if self._snapshots[url].accepts_work and not was_usable:
@@ -138,3 +140,11 @@ class WorkerPool:
             await asyncio.wait_for(self.changed.wait(), timeout_s)
         except TimeoutError:
             pass
+
+
+def positive_or_none(value) -> float | None:
+    """A measured rate from a worker's state: a positive finite number, else None (not yet
+    measured, or nonsense that must not move the threshold)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None

@@ -17,6 +17,12 @@ behind a 2,000-token prefill, and a 2,000-token prompt home to stall eight strea
 t_tok is the prefill worker's own step cost per prompt token (queueing and batching out);
 O_fixed is what a remote answer's time leaves once the prefill worker's own time (queue and
 compute) and the transfer are taken out.
+
+A prompt prefilled where it decodes costs that worker's own rate, t_local, not the prefill
+worker's: it runs in chunks next to the decodes, under their TPOT cap, often too few rows for
+the fast prompt products. The decode worker measures it from its own steps (`/internal/state`
+`prefill_seconds_per_token`) and the local side of the formula uses it where known:
+    L_thresh = (O_fixed + Q·t_tok) / (t_local·(1 + n) − kv/BW).
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ DEFAULT_FALLBACK_TOKENS = 512.0
 
 
 def threshold_tokens(o_fixed_s: float, prefill_s_per_token: float, kv_bytes_per_token: float,
-                     link_bytes_per_s: float, decoding: float = 0.0, queued_tokens: float = 0.0) -> float:
+                     link_bytes_per_s: float, decoding: float = 0.0, queued_tokens: float = 0.0,
+                     local_s_per_token: float | None = None) -> float:
     """L_thresh in tokens; infinity when sending a token costs more than computing it here
-    (counting the decodes it stalls)."""
-    per_token_gain = prefill_s_per_token * (1.0 + max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
+    (counting the decodes it stalls). `local_s_per_token`: the decode worker's own cost of a
+    prompt token, where measured (else the prefill worker's)."""
+    local = local_s_per_token if local_s_per_token and local_s_per_token > 0 else prefill_s_per_token
+    per_token_gain = local * (1.0 + max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
     if per_token_gain <= 0:
         return math.inf
     return (max(0.0, o_fixed_s) + max(queued_tokens, 0.0) * prefill_s_per_token) / per_token_gain
@@ -98,8 +107,10 @@ class ThresholdEstimator:
         worker = worker_s if worker_s is not None else tokens * t_tok
         self.o_fixed_s.observe(max(0.0, ttft_s - worker - tokens * kv / bw))
 
-    def threshold(self, decoding: float = 0.0, queued_tokens: float = 0.0) -> float:
-        """For a prompt headed to a decode worker with `decoding` requests on it, while the
+    def threshold(self, decoding: float = 0.0, queued_tokens: float = 0.0,
+                  local_s_per_token: float | None = None) -> float:
+        """For a prompt headed to a decode worker with `decoding` requests on it and its own
+        measured cost of a prompt token `local_s_per_token` (None: not measured), while the
         best prefill worker has `queued_tokens` prompt tokens to prefill first. A fixed
         threshold ignores load; the fallback (inputs not yet measured) stands for
         O_fixed / t_tok and moves with load as the formula does."""
@@ -109,7 +120,8 @@ class ThresholdEstimator:
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
         if any(v is None for v in inputs):
             return (self.fallback + max(queued_tokens, 0.0)) / (1.0 + max(decoding, 0.0))
-        return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens)
+        return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
+                                local_s_per_token=local_s_per_token)
 
     def explain(self) -> dict:
         return {"mode": "fixed" if self.fixed is not None else "auto",

@@ -225,5 +225,7 @@ class Worker:
             chunk_size=engine.config.chunk_size,
             tensor_parallel_size=engine.config.tensor_parallel_size,
             rank_pids=[p.pid for p in getattr(engine.runner, "procs", [])],
+            # its own cost of a prompt token (the router's local side of the threshold)
+            prefill_seconds_per_token=engine.step_costs.prefill_s_per_token,
         )
         return doc
