@@ -35,6 +35,17 @@ KEPT = ("completed", "failed", "duration", "request_throughput", "output_through
         "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")
 
 
+def baton_dtype_record() -> str:
+    """What `--dtype auto` runs in Baton's workers, which serve the GGUF's quantized blocks."""
+    import torch
+
+    from baton.engine.config import EngineConfig
+
+    dtype, why = auto_cpu_dtype(this_cpu(), quantized=True)
+    kv, kv_why = EngineConfig().kv_dtype_choice(torch.device("cpu"), getattr(torch, dtype))
+    return f"auto on quantized weights = {dtype} activations ({why}); KV cache {str(kv)[6:]} ({kv_why})"
+
+
 def hf_folder(cache: Path) -> Path:
     """The bundled GGUF as an HF folder (fp32 safetensors and tokenizer), made once."""
     target = cache / "smollm2-135m-instruct-hf"
@@ -101,7 +112,7 @@ def main() -> None:
     work = ROOT / "bench/.cache/serving"
     work.mkdir(parents=True, exist_ok=True)
     venv, model_dir = Path(args.vllm_venv), hf_folder(ROOT / "bench/.cache")
-    dtype, why = auto_cpu_dtype(this_cpu())
+    dtype, _ = auto_cpu_dtype(this_cpu())  # vLLM serves full-precision weights
     vllm_dtype = args.vllm_dtype or dtype
     load = {"input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
             "max_concurrency": args.max_concurrency, "seed": 0, "warmups": args.warmups}
@@ -127,7 +138,7 @@ def main() -> None:
             server.stop()
         print(name, json.dumps(rows[name]), flush=True)
     report = {"machine": machine_record(threads), "load": load, "client": "vllm bench serve",
-              "dtypes": {"baton": f"auto = {dtype} ({why})", "vllm": vllm_dtype}, "systems": rows,
+              "dtypes": {"baton": baton_dtype_record(), "vllm": vllm_dtype}, "systems": rows,
               "verdicts": verdicts(rows)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -75,6 +75,23 @@ def test_engine_config_takes_the_cpus_choice_and_says_why():
         EngineConfig(dtype="float16").torch_dtype(torch.device("cpu"))
 
 
+def test_the_kv_cache_dtype_follows_the_activations_unless_auto_keeps_them_float32():
+    cpu = torch.device("cpu")
+    hardware_bf16 = auto_cpu_dtype(this_cpu())[0] == "bfloat16"
+    # --dtype auto on quantized weights: float32 activations; the cache in bf16 where it is native
+    kv, why = EngineConfig().kv_dtype_choice(cpu, torch.float32)
+    assert kv == (torch.bfloat16 if hardware_bf16 else torch.float32) and why.startswith("auto")
+    assert EngineConfig(dtype="float32").kv_dtype_choice(cpu, torch.float32)[0] == torch.float32  # exact
+    assert EngineConfig().kv_dtype_choice(cpu, torch.bfloat16)[0] == torch.bfloat16
+    assert EngineConfig().kv_dtype_choice(torch.device("cuda"), torch.float32)[0] == torch.float32
+    asked = EngineConfig(dtype="float32", kv_cache_dtype="bfloat16")
+    assert asked.kv_dtype_choice(cpu, torch.float32) == (torch.bfloat16, "asked for")
+    with pytest.raises(ValueError, match="float16 KV cache is only supported on GPU"):
+        EngineConfig(kv_cache_dtype="float16").kv_dtype_choice(cpu, torch.float32)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or one of"):
+        EngineConfig(kv_cache_dtype="fp8").validate()
+
+
 def test_the_engine_logs_its_dtype_and_the_cpu(caplog):
     with caplog.at_level("INFO", logger="baton.engine.engine"):
         engine = make_engine(dtype="auto", num_kv_blocks=16)

@@ -116,6 +116,8 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
         engine = make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)
     assert engine.dtype == torch.float32  # the integer decode products take float32 inputs
     fast, _ = prompt_dtype(this_cpu(), torch.float32, "auto")  # bf16 where the CPU has it
+    assert engine.kv_dtype == fast and engine.runner.kv_caches[0][0].dtype == fast  # and the cache
+    assert engine.runner.native is not None  # the native step runs either pair
     assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == fast
     assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
     assert ("prompt attention in torch.bfloat16" in caplog.text) == (fast == torch.bfloat16)

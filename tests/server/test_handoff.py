@@ -72,6 +72,22 @@ def test_expired_ticket_frees_blocks_and_is_refused(cluster, prompt_ids):
     assert stream.status_code == 404 or "expired" in stream.text
 
 
+def test_a_decode_worker_keeping_kv_in_another_dtype_is_refused_before_any_work(cluster, prompt_ids):
+    # e.g. a decode worker whose `--kv-cache-dtype auto` chose bf16 beside a float32 prefill worker
+    prefill, decode = cluster["prefill"], cluster["decode-tcp"]
+    before = prefill.metric("baton_prompt_tokens_total")
+    rid = new_id("kvdtype")
+    reply = decode.post("/internal/reserve", {"request_id": rid, "prompt_token_ids": prompt_ids[1],
+                                              "params": GREEDY, "headroom_tokens": 16})
+    ticket = {**reply.json()["ticket"], "dtype": "bfloat16"}
+    refused = prefill.post("/internal/prefill", {"request_id": rid, "prompt_token_ids": prompt_ids[1],
+                                                 "params": GREEDY, "ticket": ticket})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "ticket_mismatch"
+    assert "KV dtype bfloat16 != this worker's float32" in refused.json()["error"]["message"]
+    assert prefill.metric("baton_prompt_tokens_total") == before
+    assert decode.post(f"/internal/abort/{rid}").status_code == 200  # the router gives it back
+
+
 def test_full_decode_pool_refuses_reservation_before_any_prefill(cluster, prompt_ids):
     prefill, decode = cluster["prefill"], cluster["decode-tcp"]
     state = decode.state()

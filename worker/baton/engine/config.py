@@ -76,6 +76,9 @@ class EngineConfig:
     model: str | None = None
     dtype: str = "auto"  # auto = bfloat16 on GPUs and on CPUs with bf16 in hardware, else float32
     quantization: str = "auto"  # see QUANTIZATIONS; the dtype is then that of everything else
+    # the KV cache's dtype; auto = the activations', but bf16 under the float32 activations
+    # `auto` keeps on quantized weights where the CPU has bf16 in hardware
+    kv_cache_dtype: str = "auto"
     device: str = "auto"  # auto = cuda when available, else cpu
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
@@ -104,6 +107,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in DTYPES:
+            raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.chunk_size < 0:
@@ -135,6 +140,19 @@ class EngineConfig:
         if dtype == torch.float16 and device.type == "cpu":
             raise ValueError("float16 is only supported on GPU; use bfloat16 or float32 on CPU")
         return dtype, "asked for"
+
+    def kv_dtype_choice(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.dtype, str]:
+        """The KV cache's dtype under activations in `dtype`, and why (for the log)."""
+        if self.kv_cache_dtype != "auto":
+            kv = DTYPES[self.kv_cache_dtype]
+            if kv == torch.float16 and device.type == "cpu":
+                raise ValueError("a float16 KV cache is only supported on GPU; use bfloat16 or float32 on CPU")
+            return kv, "asked for"
+        if self.dtype == "auto" and dtype == torch.float32 and device.type == "cpu":
+            hardware, why = auto_cpu_dtype(this_cpu())
+            if hardware == "bfloat16":
+                return torch.bfloat16, f"auto: float32 activations, cache in bf16 ({why}): half the bytes"
+        return dtype, "auto: the activations' dtype"
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

@@ -51,6 +51,8 @@ class Engine:
         source = load_source(model, keep_quantized=keep_quantized)
         self.dtype, why = self.config.dtype_choice(self.device, source.quantized)
         log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), why)
+        self.kv_dtype, why = self.config.kv_dtype_choice(self.device, self.dtype)
+        log.info("KV cache dtype %s (%s)", str(self.kv_dtype).removeprefix("torch."), why)
         self.model_name = source.name
         self.model_config = source.config
         self.tokenizer = source.tokenizer
@@ -83,13 +85,14 @@ class Engine:
         if self.config.tensor_parallel_size > 1:
             from baton.engine.parallel.runner import TensorParallelRunner
 
-            return TensorParallelRunner(self.config, source, self.device, self.dtype)
-        return ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype)
+            return TensorParallelRunner(self.config, source, self.device, self.dtype, kv_dtype=self.kv_dtype)
+        return ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype,
+                           kv_dtype=self.kv_dtype)
 
     def regroup(self, tensor_parallel_size: int, num_kv_blocks: int) -> None:
         """Run on `tensor_parallel_size` ranks from now on (drained first), with a KV pool of
         `num_kv_blocks` per rank. The new group is built and loaded before the old one stops,
-        so a failure leaves the engine as it was; the dtype stays (peers hold KV in it)."""
+        so a failure leaves the engine as it was; the dtypes stay (peers hold KV in them)."""
         self._require_drained("change the tensor-parallel size")
         config = dataclasses.replace(self.config, tensor_parallel_size=tensor_parallel_size, num_kv_blocks=num_kv_blocks)
         config.validate()

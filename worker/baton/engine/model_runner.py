@@ -26,24 +26,27 @@ from baton.kv.blockviews import cache_bytes
 log = logging.getLogger(__name__)
 
 
-def kv_pool_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> int:
+def kv_pool_blocks(config: EngineConfig, model_config: ModelConfig, kv_dtype: torch.dtype) -> int:
     """KV blocks that fit the configured memory for this model (or this rank's slice)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
     block = 2 * model_config.num_layers * config.block_size * model_config.num_kv_heads * model_config.head_dim
-    return max(1, int(config.kv_cache_memory_gb * 2**30) // (block * dtype.itemsize))
+    return max(1, int(config.kv_cache_memory_gb * 2**30) // (block * kv_dtype.itemsize))
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, tensors, device, dtype,
-                 shard: RankShard | None = None, comm=None, num_blocks: int | None = None):
+                 shard: RankShard | None = None, comm=None, num_blocks: int | None = None,
+                 kv_dtype: torch.dtype | None = None):
         """`shard`/`comm`: run one tensor-parallel rank's slice (model_config is then that
         slice's; the whole model's stays in `full_config`). `num_blocks`: the KV pool size
-        (default: from the config), which every rank of a group must share."""
+        (default: from the config), which every rank of a group must share. `kv_dtype`: the
+        cache's dtype (default: the activations')."""
         self.config, self.full_config = config, model_config
         self.model_config = model_config if shard is None else local_config(model_config, shard)
         self.shard = shard
         self.device, self.dtype = device, dtype
+        self.kv_dtype = kv_dtype or dtype
         self.block_size = config.block_size
         self.ops = get_ops(device)
         max_len = config.max_model_len or model_config.max_position_embeddings
@@ -71,16 +74,16 @@ class ModelRunner:
     # -- KV cache --------------------------------------------------------------------
     def block_bytes(self) -> int:
         cfg = self.model_config
-        item = self.dtype.itemsize
+        item = self.kv_dtype.itemsize
         return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * item
 
     def _num_blocks(self) -> int:
-        return kv_pool_blocks(self.config, self.model_config, self.dtype)
+        return kv_pool_blocks(self.config, self.model_config, self.kv_dtype)
 
     def _allocate_kv_cache(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.model_config
         shape = (cfg.num_layers, 2, num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
-        self._kv_storage = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._kv_storage = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self._kv_bytes: dict[int, tuple[memoryview, memoryview]] = {}
         return [(self._kv_storage[i, 0], self._kv_storage[i, 1]) for i in range(cfg.num_layers)]
 

@@ -130,7 +130,7 @@ class KVIntake(KVSink):
         return Ticket(
             request_id=request_id, worker_id=self.worker_id, kv_endpoint=self.kv_endpoint,
             block_ids=tuple(block_ids), block_size=engine.config.block_size,
-            dtype=dtype_name(engine.dtype), num_layers=cfg.num_layers,
+            dtype=dtype_name(engine.kv_dtype), num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, head_start=0,
             head_end=cfg.num_kv_heads, num_tokens=num_tokens, expires_at=time.time() + ttl_s,
             rank_endpoints=(self.kv_endpoint, *self.rank_endpoints) if self.rank_endpoints else (),

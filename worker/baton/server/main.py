@@ -22,6 +22,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--advertise-host", default=None, help="host other workers reach this one at")
     parser.add_argument("--worker-id", default=None, help="identity in tickets (default: host-port)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                        help="the KV cache's dtype (auto: the activations', but bf16 under the float32 "
+                        "activations --dtype auto keeps on quantized weights where the CPU has bf16 in "
+                        "hardware); a prefill and a decode worker must agree")
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
                         help="auto: products on a GGUF checkpoint's quantized blocks as they are "
                         "(Q4_0, Q4_1, Q8_0); none: weights at full precision (--dtype)")
@@ -62,6 +66,7 @@ def settings_from_args(args) -> WorkerSettings:
         role=args.role, model=None if args.model in ("bundled", "", None) else args.model,
         host=args.host, port=args.port, kv_port=args.kv_port, kv_transport=args.kv_transport,
         advertise_host=args.advertise_host, worker_id=args.worker_id, dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization,
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
         chunk_size=default_chunk_size(args.role) if args.chunk_size is None else args.chunk_size,

@@ -65,8 +65,8 @@ class Migrator:
                     raise NoRoom(str(exc)) from None
                 raise
             ticket = Ticket.from_dict(reply["ticket"])
-            if ticket.dtype != dtype_name(self.ae.engine.dtype):
-                raise ValueError(f"target keeps KV in {ticket.dtype}, this worker in {dtype_name(self.ae.engine.dtype)}")
+            if ticket.dtype != dtype_name(self.ae.engine.kv_dtype):
+                raise ValueError(f"target keeps KV in {ticket.dtype}, this worker in {dtype_name(self.ae.engine.kv_dtype)}")
             report = await self._ship(ticket, state, timeout_s)
         except BaseException as exc:
             await self.ae.call(handoff.resume_export, request_id)

@@ -197,8 +197,8 @@ class PrefillService:
         problems = []
         if ticket.num_tokens != len(prompt_ids):
             problems.append(f"num_tokens {ticket.num_tokens} != {len(prompt_ids)} prompt tokens")
-        if ticket.dtype != dtype_name(engine.dtype):
-            problems.append(f"dtype {ticket.dtype} != this worker's {dtype_name(engine.dtype)}")
+        if ticket.dtype != dtype_name(engine.kv_dtype):
+            problems.append(f"KV dtype {ticket.dtype} != this worker's {dtype_name(engine.kv_dtype)}")
         if (ticket.num_layers, ticket.num_kv_heads, ticket.head_dim) != (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim):
             problems.append("layers, KV heads or head_dim differ from this worker's model")
         if problems:

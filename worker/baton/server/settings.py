@@ -32,6 +32,7 @@ class WorkerSettings:
     advertise_host: str | None = None  # host put in tickets; default: --host, or the hostname
     worker_id: str | None = None
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     quantization: str = "auto"
     block_size: int = 16
     max_num_batched_tokens: int = 2048
@@ -106,6 +107,7 @@ class WorkerSettings:
     def engine_settings(self) -> dict:
         settings = dict(
             dtype=self.dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             quantization=self.quantization,
             block_size=self.block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,

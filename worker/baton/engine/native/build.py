@@ -26,7 +26,10 @@ HEADERS = tuple(Path(__file__).with_name(name) for name in (
     "decode_step_body.h", "dot_bf16.h", "quant_kernels.h", "quant_product.h", "quant_dequantize.h"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
-ENTRY_POINTS = {torch.float32: "baton_decode_step_f32", torch.bfloat16: "baton_decode_step_bf16"}
+# (activations' dtype, KV cache's dtype) -> the step compiled for the pair
+ENTRY_POINTS = {(torch.float32, torch.float32): "baton_decode_step_f32",
+                (torch.float32, torch.bfloat16): "baton_decode_step_f32_kvbf16",
+                (torch.bfloat16, torch.bfloat16): "baton_decode_step_bf16"}
 TORCH_LIB = Path(torch.__file__).parent / "lib"  # libtorch_cpu, with the MKL torch uses
 
 

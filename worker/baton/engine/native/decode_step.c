@@ -242,24 +242,45 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
     for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);
 }
 
+#define LOAD16_F32(p) _mm512_loadu_ps(p)
+#define LOAD16_BF16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+
+/* float32 throughout */
 #define ELEM float
 #define LOAD(x) (x)
-#define LOAD16(p) _mm512_loadu_ps(p)
-#define STORE(x) (x)
 #define ROUND(x) (x)
+#define LINEAR linear_f32
+#define KV_ELEM float
+#define KV_LOAD(x) (x)
+#define KV_LOAD16(p) LOAD16_F32(p)
+#define KV_STORE(x) (x)
 #define FN(name) name##_f32
+#include "decode_step_body.h"
+#undef KV_ELEM
+#undef KV_LOAD
+#undef KV_LOAD16
+#undef KV_STORE
+#undef FN
+
+/* float32 activations over a bf16 KV cache: half the cache's bytes to hold, read and send;
+ * a value is rounded once, when it is written */
+#define KV_ELEM uint16_t
+#define KV_LOAD(x) bf16_to_f32(x)
+#define KV_LOAD16(p) LOAD16_BF16(p)
+#define KV_STORE(x) f32_to_bf16(x)
+#define FN(name) name##_f32_kvbf16
 #include "decode_step_body.h"
 #undef ELEM
 #undef LOAD
-#undef LOAD16
-#undef STORE
 #undef ROUND
+#undef LINEAR
 #undef FN
 
+/* bf16 throughout */
 #define ELEM uint16_t
 #define LOAD(x) bf16_to_f32(x)
-#define LOAD16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
-#define STORE(x) f32_to_bf16(x)
 #define ROUND(x) bf16_round(x)
+#define LINEAR linear_bf16
 #define FN(name) name##_bf16
 #include "decode_step_body.h"

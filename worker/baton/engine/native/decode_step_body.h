@@ -1,6 +1,8 @@
-/* The decode step for one element type; decode_step.c includes this once per dtype with
- * ELEM (storage type), LOAD/STORE (to and from fp32), ROUND (to the dtype's precision, kept
- * in fp32) and FN (name suffix) defined. */
+/* The decode step for one pair of element types; decode_step.c includes this once per pair
+ * with ELEM (the weights' storage type), LOAD (to fp32), ROUND (to the activations'
+ * precision, kept in fp32), LINEAR (the products in that dtype), KV_ELEM (the KV cache's
+ * storage type), KV_LOAD/KV_LOAD16/KV_STORE (one or 16 cache values to fp32 and one back)
+ * and FN (name suffix) defined. */
 
 /* HF Llama RMSNorm: x * (1 / sqrt(mean(x^2) + eps)) in fp32, rounded, then * weight. */
 static void FN(rms_norm_row)(const float *x, const ELEM *weight, int n, float eps, float *out) {
@@ -28,10 +30,10 @@ static void FN(rope_heads)(float *x, int heads, int head_dim, const float *cos_s
  * load those rows, made a block ahead of their use: one KV head's rows are a few hundred
  * bytes apart and its blocks scattered over the pool, so without it the attention loops
  * wait on memory for each row in turn. */
-static void FN(locate_rows)(const ELEM *k_cache, const ELEM *v_cache, const int32_t *table,
+static void FN(locate_rows)(const KV_ELEM *k_cache, const KV_ELEM *v_cache, const int32_t *table,
                             int block_size, int start, int n, int kv_head, int num_kv_heads,
                             int head_dim, int64_t *rows) {
-    const int row_bytes = head_dim * (int)sizeof(ELEM);
+    const int row_bytes = head_dim * (int)sizeof(KV_ELEM);
     for (int i = 0; i < n; i++) {
         rows[i] = (cache_slot(table, block_size, start + i) * num_kv_heads + kv_head) * head_dim;
         for (int offset = 0; offset < row_bytes; offset += 64) {
@@ -50,12 +52,12 @@ static void FN(locate_rows)(const ELEM *k_cache, const ELEM *v_cache, const int3
  * and their own order: float32 results a few ulps from the portable loops' (the attention
  * never matched torch's bits; the tests compare it within float32 tolerance). */
 static inline __attribute__((always_inline)) void FN(block_scores_avx512)(
-    const float *q, int heads, const ELEM *k_cache, const int64_t *rows, int n, const int chunks,
+    const float *q, int heads, const KV_ELEM *k_cache, const int64_t *rows, int n, const int chunks,
     float scale, float p[][ATTENTION_TOKENS]) {
     for (int t = 0; t < n; t++) {
-        const ELEM *k = k_cache + rows[t];
+        const KV_ELEM *k = k_cache + rows[t];
         __m512 kc[ATTENTION_CHUNKS];
-        for (int c = 0; c < chunks; c++) kc[c] = LOAD16(k + 16 * c);
+        for (int c = 0; c < chunks; c++) kc[c] = KV_LOAD16(k + 16 * c);
         for (int g = 0; g < heads; g++) {
             const float *qg = q + g * chunks * 16;
             __m512 s = _mm512_mul_ps(_mm512_loadu_ps(qg), kc[0]);
@@ -66,7 +68,7 @@ static inline __attribute__((always_inline)) void FN(block_scores_avx512)(
 }
 
 static inline __attribute__((always_inline)) void FN(block_values_avx512)(
-    float p[][ATTENTION_TOKENS], int heads, const ELEM *v_cache, const int64_t *rows, int n,
+    float p[][ATTENTION_TOKENS], int heads, const KV_ELEM *v_cache, const int64_t *rows, int n,
     const int chunks, float *out) {
     for (int g = 0; g < heads; g++) {
         float *og = out + g * chunks * 16;
@@ -74,8 +76,8 @@ static inline __attribute__((always_inline)) void FN(block_values_avx512)(
         for (int c = 0; c < chunks; c++) acc[c] = _mm512_loadu_ps(og + 16 * c);
         for (int t = 0; t < n; t++) {
             const __m512 weight = _mm512_set1_ps(p[g][t]);
-            const ELEM *v = v_cache + rows[t];
-            for (int c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(weight, LOAD16(v + 16 * c), acc[c]);
+            const KV_ELEM *v = v_cache + rows[t];
+            for (int c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(weight, KV_LOAD16(v + 16 * c), acc[c]);
         }
         for (int c = 0; c < chunks; c++) _mm512_storeu_ps(og + 16 * c, acc[c]);
     }
@@ -83,37 +85,37 @@ static inline __attribute__((always_inline)) void FN(block_values_avx512)(
 #endif
 
 /* p[g][t] = q_g . k_t * scale for the block's n tokens. */
-static void FN(block_scores)(const float *q, int heads, const ELEM *k_cache, const int64_t *rows,
+static void FN(block_scores)(const float *q, int heads, const KV_ELEM *k_cache, const int64_t *rows,
                              int n, int head_dim, float scale, float p[][ATTENTION_TOKENS]) {
 #if defined(__AVX512F__)
     if (head_dim == 64) { FN(block_scores_avx512)(q, heads, k_cache, rows, n, 4, scale, p); return; }
     if (head_dim == 128) { FN(block_scores_avx512)(q, heads, k_cache, rows, n, 8, scale, p); return; }
 #endif
     for (int t = 0; t < n; t++) {
-        const ELEM *k = k_cache + rows[t];
+        const KV_ELEM *k = k_cache + rows[t];
         for (int g = 0; g < heads; g++) {
             const float *qg = q + g * head_dim;
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int d = 0; d < head_dim; d++) dot += qg[d] * LOAD(k[d]);
+            for (int d = 0; d < head_dim; d++) dot += qg[d] * KV_LOAD(k[d]);
             p[g][t] = dot * scale;
         }
     }
 }
 
 /* out_g += sum over the block's tokens of p[g][t] * v_t. */
-static void FN(block_values)(float p[][ATTENTION_TOKENS], int heads, const ELEM *v_cache,
+static void FN(block_values)(float p[][ATTENTION_TOKENS], int heads, const KV_ELEM *v_cache,
                              const int64_t *rows, int n, int head_dim, float *out) {
 #if defined(__AVX512F__)
     if (head_dim == 64) { FN(block_values_avx512)(p, heads, v_cache, rows, n, 4, out); return; }
     if (head_dim == 128) { FN(block_values_avx512)(p, heads, v_cache, rows, n, 8, out); return; }
 #endif
     for (int t = 0; t < n; t++) {
-        const ELEM *v = v_cache + rows[t];
+        const KV_ELEM *v = v_cache + rows[t];
         for (int g = 0; g < heads; g++) {
             float *og = out + g * head_dim;
             const float pt = p[g][t];
-            for (int d = 0; d < head_dim; d++) og[d] += pt * LOAD(v[d]);
+            for (int d = 0; d < head_dim; d++) og[d] += pt * KV_LOAD(v[d]);
         }
     }
 }
@@ -122,7 +124,7 @@ static void FN(block_values)(float p[][ATTENTION_TOKENS], int heads, const ELEM 
  * softmax(q k^T * scale) v in fp32, online over blocks of tokens (a running max and sum per
  * head), so each K and V row is read once for the whole group and no buffer grows with
  * the context. q and out: [heads, head_dim], heads <= ATTENTION_HEADS. */
-static void FN(attend_group)(const float *q, int heads, const ELEM *k_cache, const ELEM *v_cache,
+static void FN(attend_group)(const float *q, int heads, const KV_ELEM *k_cache, const KV_ELEM *v_cache,
                              const int32_t *table, int block_size, int context_len, int kv_head,
                              int num_kv_heads, int head_dim, float scale, float *out) {
     float running_max[ATTENTION_HEADS], denominator[ATTENTION_HEADS];
@@ -183,7 +185,7 @@ static void FN(attention)(const Model *m, const Layer *layer, int rows, const fl
             const int heads = (kv_head + 1) * group - first < ATTENTION_HEADS
                                   ? (kv_head + 1) * group - first : ATTENTION_HEADS;
             FN(attend_group)(qkv + (int64_t)r * qkv_width + first * d, heads,
-                             (const ELEM *)layer->k_cache, (const ELEM *)layer->v_cache,
+                             (const KV_ELEM *)layer->k_cache, (const KV_ELEM *)layer->v_cache,
                              tables + (int64_t)r * table_width, m->block_size,
                              (int)positions[r] + 1, kv_head, m->num_kv_heads, d, m->scale,
                              attn + ((int64_t)r * m->num_heads + first) * d);
@@ -226,21 +228,21 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
                                 const Workspace *ws) {
     const int h = m->hidden, d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
     const int qkv_width = (hq + 2 * hkv) * d, kv_width = hkv * d;
-    ELEM *k_cache = (ELEM *)layer->k_cache, *v_cache = (ELEM *)layer->v_cache;
+    KV_ELEM *k_cache = (KV_ELEM *)layer->k_cache, *v_cache = (KV_ELEM *)layer->v_cache;
     FN(norm_rows)(m, layer->input_norm, rows, ws);
-    FN(linear)(m, ws, ws->normed, rows, h, layer->qkv, layer->qkv_packed, layer->qkv_quant, qkv_width,
+    LINEAR(m, ws, ws->normed, rows, h, layer->qkv, layer->qkv_packed, layer->qkv_quant, qkv_width,
                layer->qkv_bias, ws->qkv);
     for (int r = 0; r < rows; r++) {
         float *row = ws->qkv + (int64_t)r * qkv_width;
         FN(rope_heads)(row, hq + hkv, d, m->cos_sin, positions[r]); /* K's heads follow Q's */
         const int64_t slot = cache_slot(tables + (int64_t)r * table_width, m->block_size, positions[r]);
         for (int i = 0; i < kv_width; i++) {
-            k_cache[slot * kv_width + i] = STORE(row[hq * d + i]);
-            v_cache[slot * kv_width + i] = STORE(row[(hq + hkv) * d + i]);
+            k_cache[slot * kv_width + i] = KV_STORE(row[hq * d + i]);
+            v_cache[slot * kv_width + i] = KV_STORE(row[(hq + hkv) * d + i]);
         }
     }
     FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
-    FN(linear)(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
+    LINEAR(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
                NULL, ws->out);
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
 }
@@ -248,10 +250,10 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
 static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Workspace *ws) {
     const int h = m->hidden, i = m->intermediate;
     FN(norm_rows)(m, layer->post_norm, rows, ws);
-    FN(linear)(m, ws, ws->normed, rows, h, layer->gate_up, layer->gate_up_packed, layer->gate_up_quant, 2 * i,
+    LINEAR(m, ws, ws->normed, rows, h, layer->gate_up, layer->gate_up_packed, layer->gate_up_quant, 2 * i,
                NULL, ws->gate_up);
     FN(silu_and_mul)(ws->gate_up, rows, i, ws->act);
-    FN(linear)(m, ws, ws->act, rows, i, layer->down, layer->down_packed, layer->down_quant, h, NULL, ws->out);
+    LINEAR(m, ws, ws->act, rows, i, layer->down, layer->down_packed, layer->down_quant, h, NULL, ws->out);
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
 }
 
@@ -287,6 +289,6 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
     }
     FN(add_rows)(ws->residual, ws->out, width);
     FN(norm_rows)(m, m->final_norm, rows, ws);
-    FN(linear)(m, ws, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
+    LINEAR(m, ws, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
                logits);
 }

@@ -74,12 +74,14 @@ def _quant(w) -> int | None:
     return ctypes.addressof(w.native_matrix)
 
 
-def unavailable_reason(model, device: torch.device, dtype: torch.dtype) -> str | None:
+def unavailable_reason(model, device: torch.device, dtype: torch.dtype,
+                       kv_dtype: torch.dtype | None = None) -> str | None:
     """Why this model cannot take the native path, or None when it can."""
     if os.environ.get("BATON_NATIVE_DECODE", "1").strip() == "0":
         return "disabled by BATON_NATIVE_DECODE=0"
-    if device.type != "cpu" or dtype not in build.ENTRY_POINTS:
-        return f"native decode runs fp32 or bf16 on CPU only (here {dtype} on {device.type})"
+    if device.type != "cpu" or (dtype, kv_dtype or dtype) not in build.ENTRY_POINTS:
+        return (f"native decode runs on CPU only, fp32 or bf16 with a KV cache as wide or bf16 "
+                f"(here {dtype} with a {kv_dtype or dtype} cache on {device.type})")
     if build.load() is None:
         return f"native library unavailable: {build.failure()}"
     return None
@@ -90,7 +92,8 @@ class NativeDecoder:
         """`comm`: run one tensor-parallel rank's slice (model holds that slice); the step
         calls back into it for every sum over the ranks and gathers the logits after."""
         cfg = model.cfg
-        self._step = getattr(lib, build.ENTRY_POINTS[dtype])
+        kv_dtype = kv_caches[0][0].dtype
+        self._step = getattr(lib, build.ENTRY_POINTS[dtype, kv_dtype])
         self._row_widths = {
             "residual": cfg.hidden_size, "normed": cfg.hidden_size, "out": cfg.hidden_size,
             "qkv": (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
@@ -152,10 +155,10 @@ class NativeDecoder:
     @classmethod
     def build(cls, model, kv_caches, device: torch.device, dtype: torch.dtype, comm=None) -> NativeDecoder | None:
         """A decoder for this model, or None when the native path cannot run it."""
-        reason = unavailable_reason(model, device, dtype)
+        reason = unavailable_reason(model, device, dtype, kv_caches[0][0].dtype)
         if reason is None and not all(t.dtype == want and t.is_contiguous()
                                       for t, want in _bound_tensors(model, kv_caches, dtype)):
-            reason = f"a weight or cache is not a contiguous {dtype} tensor"
+            reason = f"a weight is not a contiguous {dtype} tensor, or a cache not one of its dtype"
         if reason is not None:
             # a build failure costs speed on CPU: say so; a GPU or a disabled path is expected
             level = logging.WARNING if device.type == "cpu" and "unavailable" in reason else logging.INFO
@@ -236,6 +239,7 @@ def _bound_tensors(model, kv_caches, dtype: torch.dtype):
                        layer.post_attention_norm, layer.gate_up, layer.down):
             if tensor is not None and not isinstance(tensor, QuantizedWeight):
                 yield tensor, dtype
+    kv_dtype = kv_caches[0][0].dtype  # checked against the compiled pairs before
     for k_cache, v_cache in kv_caches:
-        yield k_cache, dtype
-        yield v_cache, dtype
+        yield k_cache, kv_dtype
+        yield v_cache, kv_dtype

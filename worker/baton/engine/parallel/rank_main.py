@@ -34,6 +34,7 @@ class RankSpec:
     model: str | None
     engine: dict  # EngineConfig fields, dtype as asked: `auto` also picks the prompt products'
     dtype: str  # the dtype the leader resolved, which every rank runs in
+    kv_dtype: str  # and its KV cache's
     device: str
     num_blocks: int
     store_host: str
@@ -83,7 +84,7 @@ def build_runner(spec: RankSpec):
     shards = shards_for(source.config, spec.size)
     comm = ShardComm(group, shards, spec.rank)
     runner = ModelRunner(config, source.config, source.tensors, torch.device(spec.device),
-                         DTYPES[spec.dtype], shards[spec.rank], comm, spec.num_blocks)
+                         DTYPES[spec.dtype], shards[spec.rank], comm, spec.num_blocks, DTYPES[spec.kv_dtype])
     runner.store = store  # the group's sockets live as long as the runner
     return runner
 

@@ -42,7 +42,7 @@ __all__ = ["TensorParallelError", "TensorParallelRunner"]
 
 class TensorParallelRunner:
     def __init__(self, config: EngineConfig, source, device: torch.device, dtype: torch.dtype,
-                 launcher=None, host: str = "127.0.0.1"):
+                 launcher=None, host: str = "127.0.0.1", kv_dtype: torch.dtype | None = None):
         from torch.distributed import TCPStore
 
         size = config.tensor_parallel_size
@@ -50,11 +50,12 @@ class TensorParallelRunner:
             raise ValueError(f"tensor parallelism runs on CPU (gloo) so far, not on {device.type}")
         self.shards = shards = shards_for(source.config, size)  # a size the model cannot split fails here
         self.config, self.size, self.dtype = config, size, dtype
+        self.kv_dtype = kv_dtype = kv_dtype or dtype
         self.full_config = source.config
         self.block_size = config.block_size
         self.native = None
         self.on_kv_event = None  # fn(rank, event): rank KV transfers finishing (rank_kv.py)
-        num_blocks = config.num_kv_blocks or kv_pool_blocks(config, local_config(source.config, shards[0]), dtype)
+        num_blocks = config.num_kv_blocks or kv_pool_blocks(config, local_config(source.config, shards[0]), kv_dtype)
         self._failure: str | None = None
         self._lock = threading.Lock()
         self._launcher = launcher or LocalLauncher()
@@ -70,7 +71,8 @@ class TensorParallelRunner:
         try:
             for rank in range(1, size):
                 spec = RankSpec(rank=rank, size=size, model=config.model, engine=engine,
-                                dtype=str(dtype).removeprefix("torch."), device="cpu",
+                                dtype=str(dtype).removeprefix("torch."),
+                                kv_dtype=str(kv_dtype).removeprefix("torch."), device="cpu",
                                 num_blocks=num_blocks, store_host=host, store_port=self._store.port,
                                 control_host=host, control_port=self._listener.address[1],
                                 timeout_s=timeout_s, start_timeout_s=start_s,
@@ -82,7 +84,7 @@ class TensorParallelRunner:
                                            "joining the process group")
             self.comm = ShardComm(process_group, shards, 0)
             self.local = ModelRunner(config, source.config, source.tensors, device, dtype, shards[0],
-                                     self.comm, num_blocks)
+                                     self.comm, num_blocks, kv_dtype)
             self.group.wait_ready(deadline)
         except BaseException:
             self.close()
