@@ -76,6 +76,7 @@ def main() -> None:
         "bench": "dtype_auto", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine, "settings": vars(args), "auto": str(auto[0]).removeprefix("torch."), "auto_reason": auto[1],
         "auto_products": engines["auto"].runner.quantization,
+        "auto_kv_cache": str(engines["auto"].kv_dtype).removeprefix("torch."),
         "tokens_per_s": tokens_per_s, "samples": {k: [round(x, 2) for x in v] for k, v in samples.items()},
         "best_explicit": best, "auto_vs_best": auto_vs_best, "target": TARGET,
         "meets_target": all(r >= TARGET for r in auto_vs_best.values()),
