@@ -132,5 +132,5 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
     chosen, why = dense_products(parse_cpuinfo(text, "x86_64"), dtype, asked)
     assert chosen.dtype == gemm and chosen.min_rows == DENSE_MIN_ROWS[gemm]
     assert why.startswith(str(gemm).removeprefix("torch.")) and str(chosen.min_rows) in why
-    # below the row count decode batches keep the int16 kernels, which read each byte once
-    assert chosen.min_rows > 64
+    # below it the int16 kernels win (a step's dequantizing costs more than it saves)
+    assert chosen.min_rows >= 64

@@ -19,11 +19,13 @@ KERNELS = {  # quant_kernels.h's names
 }
 
 
-# Input rows from which a product runs as dequantized tiles through the dense GEMM rather
-# than on the int16 kernels. Measured on a Xeon with AMX (SmolLM2's four matrices, 2
-# threads): bf16 tiles broke even at ~64 rows and won 1.3-2.4x at 128; fp32 tiles broke
-# even at ~200 rows. Decode batches stay below both, so they read each weight byte once.
-DENSE_MIN_ROWS = {torch.bfloat16: 128, torch.float32: 256}
+# Input rows from which a product in the torch path (steps with prompt tokens) runs as
+# dequantized tiles through the dense GEMM rather than on the int16 kernels. Measured on a
+# Xeon with AMX, whole prompts of SmolLM2 alternating between the two: bf16 tiles broke
+# even at ~60 rows on one thread and ~48 on two, and ran 1.4x faster at 80 rows, 1.6x at
+# 128; fp32 tiles broke even at ~200 rows (two threads). Decode-only steps take the native
+# step, whose products stay on the int16 kernels (each weight byte read once per step).
+DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 
 
 def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
