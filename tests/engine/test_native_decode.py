@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from baton.engine import SamplingParams
+from baton.engine.model_runner import kv_pool_blocks
 from baton.engine.native import build
 from baton.engine.native.decoder import NativeDecoder
 
@@ -136,16 +137,16 @@ def assert_matches_over_a_bf16_cache(records) -> None:
         assert torch.equal(native_kv, native_kv.bfloat16().float())  # stored rounded
 
 
-@pytest.mark.parametrize("prompts, new_tokens", [(PROMPTS[:5], 12), ([LONG_PROMPT, PROMPTS[0]], 6)])
-def test_fp32_step_over_a_bf16_cache_matches_the_torch_path(prompts, new_tokens):
+def test_fp32_step_over_a_bf16_cache_matches_the_torch_path():
     engine = make_engine(kv_cache_dtype="bfloat16", kv_cache_memory_gb=0.05)
     assert engine.dtype == torch.float32 and engine.kv_dtype == torch.bfloat16
     assert engine.runner.kv_caches[0][0].dtype == torch.bfloat16 and engine.runner.native is not None
-    records = _compare_each_decode_step(engine, prompts, new_tokens)
-    assert len(records) >= new_tokens - 1
-    assert_matches_over_a_bf16_cache(records)
-    half = make_engine(kv_cache_memory_gb=0.05).runner.num_blocks
-    assert engine.runner.num_blocks // 2 == half  # the same memory holds twice the tokens
+    # the same memory holds twice the tokens of a float32 cache
+    assert engine.runner.num_blocks // 2 == kv_pool_blocks(engine.config, engine.model_config, torch.float32)
+    for prompts, new_tokens in ((PROMPTS[:5], 12), ([LONG_PROMPT, PROMPTS[0]], 6)):  # as the fp32 test
+        records = _compare_each_decode_step(engine, prompts, new_tokens)
+        assert len(records) >= new_tokens - 1
+        assert_matches_over_a_bf16_cache(records)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float32+bf16 cache"])

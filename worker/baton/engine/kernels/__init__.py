@@ -73,4 +73,3 @@ def compute_prompt_attention_in(ops: SimpleNamespace, dtype: torch.dtype) -> Non
 
     ops.paged_prefill_attention = paged_prefill_attention
     ops.prompt_attention_dtype = dtype
-

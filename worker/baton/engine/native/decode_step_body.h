@@ -231,7 +231,7 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
     KV_ELEM *k_cache = (KV_ELEM *)layer->k_cache, *v_cache = (KV_ELEM *)layer->v_cache;
     FN(norm_rows)(m, layer->input_norm, rows, ws);
     LINEAR(m, ws, ws->normed, rows, h, layer->qkv, layer->qkv_packed, layer->qkv_quant, qkv_width,
-               layer->qkv_bias, ws->qkv);
+           layer->qkv_bias, ws->qkv);
     for (int r = 0; r < rows; r++) {
         float *row = ws->qkv + (int64_t)r * qkv_width;
         FN(rope_heads)(row, hq + hkv, d, m->cos_sin, positions[r]); /* K's heads follow Q's */
@@ -243,7 +243,7 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
     }
     FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
     LINEAR(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
-               NULL, ws->out);
+           NULL, ws->out);
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
 }
 
@@ -251,7 +251,7 @@ static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Wo
     const int h = m->hidden, i = m->intermediate;
     FN(norm_rows)(m, layer->post_norm, rows, ws);
     LINEAR(m, ws, ws->normed, rows, h, layer->gate_up, layer->gate_up_packed, layer->gate_up_quant, 2 * i,
-               NULL, ws->gate_up);
+           NULL, ws->gate_up);
     FN(silu_and_mul)(ws->gate_up, rows, i, ws->act);
     LINEAR(m, ws, ws->act, rows, i, layer->down, layer->down_packed, layer->down_quant, h, NULL, ws->out);
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
@@ -290,5 +290,5 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
     FN(add_rows)(ws->residual, ws->out, width);
     FN(norm_rows)(m, m->final_norm, rows, ws);
     LINEAR(m, ws, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
-               logits);
+           logits);
 }
