@@ -35,15 +35,12 @@ KEPT = ("completed", "failed", "duration", "request_throughput", "output_through
         "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")
 
 
-def baton_dtype_record() -> str:
-    """What `--dtype auto` runs in Baton's workers, which serve the GGUF's quantized blocks."""
-    import torch
-
-    from baton.engine.config import EngineConfig
-
-    dtype, why = auto_cpu_dtype(this_cpu(), quantized=True)
-    kv, kv_why = EngineConfig().kv_dtype_choice(torch.device("cpu"), getattr(torch, dtype))
-    return f"auto on quantized weights = {dtype} activations ({why}); KV cache {str(kv)[6:]} ({kv_why})"
+def baton_dtype_record(machine: dict) -> str:
+    """What `--dtype auto` runs in Baton's workers, which serve the GGUF's quantized blocks
+    (as machine_info records it)."""
+    return (f"auto on quantized weights = {machine['auto_dtype_on_quantized_weights']} activations "
+            f"({machine['auto_dtype_on_quantized_weights_reason']}); KV cache "
+            f"{machine['auto_kv_cache_dtype_on_quantized_weights']} ({machine['auto_kv_cache_reason']})")
 
 
 def hf_folder(cache: Path) -> Path:
@@ -137,8 +134,9 @@ def main() -> None:
         finally:
             server.stop()
         print(name, json.dumps(rows[name]), flush=True)
-    report = {"machine": machine_record(threads), "load": load, "client": "vllm bench serve",
-              "dtypes": {"baton": baton_dtype_record(), "vllm": vllm_dtype}, "systems": rows,
+    machine = machine_record(threads)
+    report = {"machine": machine, "load": load, "client": "vllm bench serve",
+              "dtypes": {"baton": baton_dtype_record(machine), "vllm": vllm_dtype}, "systems": rows,
               "verdicts": verdicts(rows)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
