@@ -118,7 +118,9 @@ class LocalStack:
         remote = ray.remote(num_cpus=0)(ServerProcess)
         try:
             self._start_workers(remote, plans)
-            self._start_router(remote)
+            self._start_router(remote)  # starts while the workers load: it is ready once they are
+            for server in [*self.workers, self.router]:
+                self._wait_ready(server, "/ready")
         except BaseException:
             self.stop()
             raise
@@ -159,8 +161,6 @@ class LocalStack:
             ray.get(actor.configure.remote(WORKER_MODULE, args))
             ray.get(actor.start.remote())
             self.workers.append(RunningServer(f"worker-{plan.index}", plan.role, url, actor))
-        for worker in self.workers:
-            self._wait_ready(worker, "/ready")
 
     def _start_router(self, remote) -> None:
         import ray
@@ -178,7 +178,6 @@ class LocalStack:
             ROUTER_MODULE, args, env, str(self.log_dir / "router.log"))
         ray.get(actor.start.remote())
         self.router = RunningServer("router", "router", f"http://127.0.0.1:{port}", actor)
-        self._wait_ready(self.router, "/ready")
 
     def _wait_ready(self, server: RunningServer, path: str) -> None:
         import ray
