@@ -67,3 +67,37 @@ def test_worker_arguments_pin_every_rank_and_name_the_size():
 def test_autoscaled_conversions_carry_the_pool_sizes_only_where_they_differ():
     assert pool_sizes(StackSpec(prefill=1, decode=1, prefill_tp=2, decode_tp=1)) == {"prefill": 2, "decode": 1}
     assert pool_sizes(StackSpec(prefill=1, decode=1, prefill_tp=2, decode_tp=2)) == {}
+
+
+def test_kv_cache_dtype_and_router_arguments_reach_their_processes():
+    up = argparse.ArgumentParser()
+    add_arguments(up)
+    spec = spec_from_args(up.parse_args(["--kv-cache-dtype", "float32", "--router-arg=--reserve-wait=3"]))
+    assert "--kv-cache-dtype=float32" in spec.worker_args and spec.router_args == ["--reserve-wait=3"]
+    default = spec_from_args(up.parse_args([]))
+    assert not any("kv-cache-dtype" in a for a in default.worker_args) and default.router_args == []
+    with pytest.raises(SystemExit):
+        up.parse_args(["--kv-cache-dtype", "int8"])
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "nan"])
+def test_the_routers_reservation_wait_must_be_positive(wait):
+    from baton.router.main import add_arguments as router_arguments
+    from baton.router.main import build_app
+
+    parser = argparse.ArgumentParser()
+    router_arguments(parser)
+    with pytest.raises(SystemExit, match="--reserve-wait must be a positive number of seconds"):
+        build_app(parser.parse_args(["--workers", "http://127.0.0.1:1", "--reserve-wait", wait]))
+
+
+def test_the_routers_reservation_wait_is_its_dispatchers_deadline():
+    from baton.router.main import add_arguments as router_arguments
+    from baton.router.main import build_app
+
+    parser = argparse.ArgumentParser()
+    router_arguments(parser)
+    app = build_app(parser.parse_args(["--workers", "http://127.0.0.1:1", "--reserve-wait", "3"]))
+    assert app.state.dispatcher.deadlines.reserve_wait_s == 3
+    app = build_app(parser.parse_args(["--workers", "http://127.0.0.1:1"]))
+    assert app.state.dispatcher.deadlines.reserve_wait_s == 10  # the default the help names

@@ -47,8 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", choices=["auto", "none"], default=None,
                         help="workers' weights: auto (the default) serves a GGUF's quantized blocks "
                         "as they are, none dequantizes them to --dtype")
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16", "float16", "float32"], default=None,
+                        help="workers' KV cache dtype: auto (the default) is the activations' dtype, or "
+                             "bf16 under float32 activations on a CPU with bf16 in hardware; prefill and "
+                             "decode workers must agree")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="extra `baton worker` argument, e.g. --worker-arg=--dtype=float32 (repeatable)")
+    parser.add_argument("--router-arg", action="append", default=[],
+                        help="extra router argument, e.g. --router-arg=--reserve-wait=3 (repeatable)")
 
 
 def spec_from_args(args: argparse.Namespace) -> StackSpec:
@@ -61,11 +67,14 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
     extra = ["--tpot-objective-ms", f"{tpot * 1e3:g}"] if tpot else []
     if args.quantization:
         extra.append(f"--quantization={args.quantization}")
+    if args.kv_cache_dtype:
+        extra.append(f"--kv-cache-dtype={args.kv_cache_dtype}")
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
                      prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, convertible=args.autoscale,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
-                     worker_args=extra + list(args.worker_arg), log_dir=args.log_dir,
+                     worker_args=extra + list(args.worker_arg), router_args=list(args.router_arg),
+                     log_dir=args.log_dir,
                      restart=not args.no_restart)
 
 

@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserve-headroom-tokens", type=int, default=256,
                         help="generation room a decode reservation holds beyond the prompt (at "
                              "most max_tokens); past it the decode worker grows the sequence as it goes")
+    parser.add_argument("--reserve-wait", type=float, default=None,
+                        help="seconds a request waits for KV room on some decode worker before it "
+                             "is prefilled where it decodes and queued there (default: 10)")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between worker state polls")
     parser.add_argument("--log-level", default="warning")
 
@@ -56,6 +59,7 @@ def model_path(value: str | None) -> str | None:
 def build_app(args: argparse.Namespace):
     from baton.router.app import RouterConfig, create_app
     from baton.router.discovery import KubernetesDiscovery, StaticDiscovery
+    from baton.router.dispatch import Deadlines
     from baton.router.tokenizing import load_model_info
 
     kind = args.discovery or ("static" if args.workers else None)
@@ -70,13 +74,17 @@ def build_app(args: argparse.Namespace):
                                         worker_port=args.worker_port)
     else:
         raise SystemExit("give --workers URL,URL or --discovery kubernetes --deployment NAME")
+    if args.reserve_wait is not None and not args.reserve_wait > 0:
+        raise SystemExit(f"--reserve-wait must be a positive number of seconds, got {args.reserve_wait}")
+    deadlines = Deadlines() if args.reserve_wait is None else Deadlines(reserve_wait_s=args.reserve_wait)
     model = load_model_info(model_path(args.model), args.served_model_name, args.max_model_len)
     config = RouterConfig(
         block_size=args.block_size, api_key=args.api_key or None,
         internal_token=os.environ.get("BATON_INTERNAL_TOKEN"),
         disagg_threshold=parse_threshold(args.disagg_threshold),
         max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval,
-        max_body_bytes=args.max_body_bytes, reserve_headroom_tokens=args.reserve_headroom_tokens)
+        max_body_bytes=args.max_body_bytes, reserve_headroom_tokens=args.reserve_headroom_tokens,
+        deadlines=deadlines)
     return create_app(model, discovery, config)
 
 
