@@ -1,4 +1,4 @@
-"""The session's `baton up` stack (fault_stack.py says how it is set up)."""
+"""The fault and load tests' `baton up` stack (fault_stack.py says how it is set up)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from tests.server.workers import WorkerApi
 WORKERS_LINE = re.compile(r"workers: prefill@(http://\S+), decode@(http://\S+);")
 
 
-@pytest.fixture(scope="session")
+# package scope: the stack stops once the fault and load tests are done, not at the end of the run
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory):
     up = UpProcess(["--prefill", "1", "--decode", "1", "--port", "0", "--disagg-threshold", str(THRESHOLD),
                     *WORKER_ARGS], tmp_path_factory.mktemp("faults"), env=ENV)

@@ -2,9 +2,9 @@
 
 Set up so each fault can be staged: a known internal token (the tests read the workers'
 free blocks), layers that stream slowly from the prefill worker (a kill lands inside a
-transfer), a short claim deadline for streams a dead router leaves behind, and a short
-queue deadline (a full decode pool answers 429 soon). Prompts under THRESHOLD tokens are
-prefilled on the decode worker, longer ones on the prefill worker.
+transfer), a short claim deadline for streams a dead router leaves behind, and short
+reservation and queue deadlines (a full decode pool answers 429 soon). Prompts under
+THRESHOLD tokens are prefilled on the decode worker, longer ones on the prefill worker.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from tests.server.workers import TOKEN, WorkerApi
 
 THRESHOLD = 48
 LAYER_DELAY_S = 0.1  # x 30 layers: a remote prefill takes 3 s or more
-QUEUE_TIMEOUT_S = 20  # the default is 30 s; shorter keeps the full-pool test short
+# shorter than the defaults (10 s and 30 s), so the full-pool test is short
+RESERVE_WAIT_S = 3  # for KV room on the decode worker, then the prompt is prefilled there
+QUEUE_TIMEOUT_S = 10  # for room in the decode worker's queue, then 429
 WORKER_ARGS = ["--worker-arg=--dtype=float32", "--worker-arg=--num-kv-blocks=1024",
-               "--worker-arg=--max-num-seqs=256", f"--worker-arg=--queue-timeout={QUEUE_TIMEOUT_S}"]
+               "--worker-arg=--max-num-seqs=256", f"--worker-arg=--queue-timeout={QUEUE_TIMEOUT_S}",
+               f"--router-arg=--reserve-wait={RESERVE_WAIT_S}"]
 ENV = {"BATON_INTERNAL_TOKEN": TOKEN, "BATON_TEST_LAYER_DELAY_S": str(LAYER_DELAY_S),
        "BATON_STREAM_CLAIM_TIMEOUT_S": "5"}
 LONG = "A relay race hands a baton from runner to runner; Baton hands a KV cache from worker to worker. "

@@ -15,7 +15,13 @@ import httpx
 import openai
 import pytest
 
-from tests.faults.fault_stack import LAYER_DELAY_S, QUEUE_TIMEOUT_S, gather_within, prompt_for
+from tests.faults.fault_stack import (
+    LAYER_DELAY_S,
+    QUEUE_TIMEOUT_S,
+    RESERVE_WAIT_S,
+    gather_within,
+    prompt_for,
+)
 from tests.faults.slow_reader import SlowReader
 from tests.server.workers import new_id
 
@@ -146,7 +152,7 @@ def test_a_full_decode_pool_answers_429_with_retry_after_never_a_hang(stack):
         assert int(error.response.headers["retry-after"]) >= 1
         assert error.code == "overloaded" and "no room" in error.message
     print(f"\nfull pool: 3 requests refused with 429 within {waited:.1f}s")
-    assert waited < QUEUE_TIMEOUT_S + 30  # the reservation retries, then the queue deadline
+    assert waited < RESERVE_WAIT_S + QUEUE_TIMEOUT_S + 20  # the reservation retries, then the queue deadline
     assert stack.serves()
     stack.wait_idle(idle, 5.0)
 

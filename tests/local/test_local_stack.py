@@ -135,14 +135,12 @@ def test_bad_inputs_get_4xx(stack, model):
         assert http.post("/v1/chat/completions", json={"model": model}).status_code == 400
 
 
-def test_sigterm_stops_every_process(tmp_path):
-    up = UpProcess(["--colocated", "1", "--port", "0", *WORKER_ARGS], tmp_path)
-    try:
-        url = up.wait_up()
-        started = up.descendants()
-        assert any("baton.server.main" in " ".join(p.cmdline()) for p in started)
-        assert httpx.get(f"{url}/health").status_code == 200
-    finally:
-        code = up.stop()
-    assert code == 0, up.output()
+def test_sigterm_stops_every_process(stack):
+    """Last in the module: it stops the module's stack (workers, router, Ray) with SIGTERM."""
+    started = stack.descendants()
+    servers = [" ".join(p.cmdline()) for p in started if "baton.server.main" in " ".join(p.cmdline())]
+    assert len(servers) == 2 and any("baton.router.main" in " ".join(p.cmdline()) for p in started)
+    assert httpx.get(f"{stack.url}/health").status_code == 200
+    code = stack.stop()
+    assert code == 0, stack.output()
     assert_all_exit(started)
