@@ -126,6 +126,32 @@ def test_smollm2_at_tp3_is_token_identical_to_one_process(engine_fp32):
         engine.close()
 
 
+@pytest.mark.slow
+def test_smollm2_quantized_at_tp3_keeps_its_blocks_and_the_tokens_of_one_process():
+    """`--quantization auto` under TP: each rank holds its slice of the GGUF blocks (a third
+    of the bytes) and runs them on the native kernels. A row-parallel product quantizes its
+    input slice by slice, so logits move a little; the greedy tokens do not."""
+    from baton.engine.quant.weight import QuantizedWeight
+
+    prompts = ["The quick brown fox", "def fibonacci(n):"]
+    one = make_engine(quantization="auto", num_kv_blocks=64, threads=1)
+    reference = generate_recording_logits(one, prompts, 12)
+    held = sum(m.nbytes for m in one.runner.model.modules() if isinstance(m, QuantizedWeight))
+    engine = make_engine(quantization="auto", tensor_parallel_size=3, num_kv_blocks=64, threads=1)
+    try:
+        local = engine.runner.local
+        sliced = [m for m in local.model.modules() if isinstance(m, QuantizedWeight)]
+        assert len(sliced) == 121 and local.quantization == one.runner.quantization  # the same kernels
+        assert sum(m.nbytes for m in sliced) < 0.4 * held
+        tokens, steps = generate_recording_logits(engine, prompts, 12)
+    finally:
+        engine.close()
+    assert tokens == reference[0]
+    scale = max(s.abs().max().item() for s in reference[1])
+    worst = max((a - b).abs().max().item() for a, b in zip(steps, reference[1], strict=True))
+    assert worst < 1e-3 * scale, f"logits differ by up to {worst} (largest {scale})"
+
+
 def test_a_dead_rank_fails_the_requests_at_once_naming_it(tiny_model):
     engine = tiny_engine(tiny_model, 2)
     try:

@@ -101,6 +101,42 @@ def test_sliced_projections_recombine_to_the_full_products():
     assert shard_tensor("model.layers.0.input_layernorm.weight", norm, head_dim, shards[1]) is norm
 
 
+@pytest.mark.parametrize("fmt_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_quantized_matrices_are_cut_into_whole_blocks_without_dequantizing(fmt_name):
+    """Rows and block-aligned column runs stay quantized, holding exactly the values of the
+    same cut of the dequantized matrix; a column cut inside a block is dequantized."""
+    from baton.engine.quant.formats import FORMATS, dequantize
+    from baton.engine.quant.weight import QuantizedTensor
+    from tests.engine.quant_data import random_rows
+
+    def values(t):
+        return torch.from_numpy(dequantize(fmt, t.raw))
+
+    fmt, head_dim = FORMATS[fmt_name], 32
+    full = QuantizedTensor(fmt, random_rows(fmt, 192, 192), 192)  # 6 heads of 32, 192 columns
+    for shard in plan_shards(6, 3, 192, 192, 3):
+        rows = shard.q_heads.scaled(head_dim)
+        q = shard_tensor("model.layers.0.self_attn.q_proj.weight", full, head_dim, shard)
+        assert isinstance(q, QuantizedTensor) and q.shape == (rows.size, 192)
+        assert torch.equal(values(q), values(full)[rows.start : rows.end])
+        o = shard_tensor("model.layers.0.self_attn.o_proj.weight", full, head_dim, shard)
+        assert isinstance(o, QuantizedTensor) and o.shape == (192, rows.size)
+        assert torch.equal(values(o), values(full)[:, rows.start : rows.end])
+        cols = shard.intermediate
+        down = shard_tensor("model.layers.0.mlp.down_proj.weight", full, head_dim, shard)
+        assert isinstance(down, QuantizedTensor)
+        assert torch.equal(values(down), values(full)[:, cols.start : cols.end])
+        head = shard_tensor("lm_head.weight", full, head_dim, shard)
+        assert isinstance(head, QuantizedTensor)
+        assert torch.equal(values(head), values(full)[shard.vocab.start : shard.vocab.end])
+    narrow = QuantizedTensor(fmt, random_rows(fmt, 32, 160), 160)  # 160 columns in three: 54, 53, 53
+    second = plan_shards(6, 3, 160, 192, 3)[1]
+    assert second.intermediate.start % 32  # a cut inside a block
+    down = shard_tensor("model.layers.0.mlp.down_proj.weight", narrow, head_dim, second)
+    assert isinstance(down, torch.Tensor)
+    assert torch.equal(down, values(narrow)[:, second.intermediate.start : second.intermediate.end])
+
+
 def test_a_workers_cores_are_shared_out_to_its_ranks():
     from baton.engine.parallel.launcher import rank_cores
 

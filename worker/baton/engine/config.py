@@ -100,6 +100,11 @@ class EngineConfig:
     tensor_parallel_start_timeout_s: float = 300.0  # ranks joining and loading their slices
     extra: dict = field(default_factory=dict)
 
+    @property
+    def keeps_quantized(self) -> bool:
+        """Whether a checkpoint's quantized blocks are served as stored (on every rank)."""
+        return self.quantization == "auto"
+
     def validate(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")

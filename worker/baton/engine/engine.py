@@ -26,12 +26,6 @@ log = logging.getLogger(__name__)
 Prompt = str | list[int]
 
 
-def _keeps_quantized(config: EngineConfig) -> bool:
-    """Whether the checkpoint's quantized blocks are served as they are: quantized blocks are
-    not split over tensor-parallel ranks (yet), so such a group loads them dequantized."""
-    return config.quantization == "auto" and config.tensor_parallel_size == 1
-
-
 class Engine:
     """Offline and step-driven inference over a paged KV cache.
 
@@ -45,10 +39,7 @@ class Engine:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         self.device = self.config.torch_device()
-        keep_quantized = _keeps_quantized(self.config)
-        if self.config.quantization == "auto" and not keep_quantized:
-            log.info("quantization auto: full-precision weights under tensor parallelism")
-        source = load_source(model, keep_quantized=keep_quantized)
+        source = load_source(model, keep_quantized=self.config.keeps_quantized)
         self.dtype, why = self.config.dtype_choice(self.device, source.quantized)
         log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), why)
         self.kv_dtype, why = self.config.kv_dtype_choice(self.device, self.dtype)
@@ -96,7 +87,7 @@ class Engine:
         self._require_drained("change the tensor-parallel size")
         config = dataclasses.replace(self.config, tensor_parallel_size=tensor_parallel_size, num_kv_blocks=num_kv_blocks)
         config.validate()
-        source = load_source(self.config.model, keep_quantized=_keeps_quantized(config))
+        source = load_source(self.config.model, keep_quantized=config.keeps_quantized)
         old_config, self.config = self.config, config
         try:
             runner = self._new_runner(source)

@@ -170,7 +170,7 @@ class LlamaModel(nn.Module):
         """Run one step; return fp32 logits of the tokens at `logits_indices` only (under
         tensor parallelism: on rank 0, all of the vocabulary; None on the other ranks)."""
         comm = self.comm
-        hidden = self.embed_fn(input_ids) if comm is None else comm.embed(input_ids, self.embed)
+        hidden = self.embed_fn(input_ids) if comm is None else comm.embed(input_ids, self.embed, self.norm.dtype)
         residual = None
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_caches[index]

@@ -46,13 +46,18 @@ class ShardComm:
         self.collective_seconds += time.perf_counter() - started
         return tensor
 
-    def embed(self, input_ids: torch.Tensor, embed_rows: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel embedding: each rank looks up the ids in its rows, the rest read
-        zero, and the sum over ranks is every id's row (exact: one rank adds a non-zero)."""
+    def embed(self, input_ids: torch.Tensor, embed_rows, dtype: torch.dtype) -> torch.Tensor:
+        """Vocab-parallel embedding: each rank looks up the ids in its rows (a tensor, or a
+        QuantizedWeight's blocks), the rest read zero, and the sum over ranks is every id's
+        row (exact: one rank adds a non-zero)."""
         span = self.shard.vocab
         local = input_ids - span.start
         outside = (local < 0) | (local >= span.size)
-        hidden = torch.nn.functional.embedding(local.clamp(0, span.size - 1), embed_rows)
+        held = local.clamp(0, span.size - 1)
+        if isinstance(embed_rows, torch.Tensor):
+            hidden = torch.nn.functional.embedding(held, embed_rows)
+        else:
+            hidden = embed_rows.embedding(held, dtype)
         hidden[outside] = 0
         return self.all_reduce(hidden)
 

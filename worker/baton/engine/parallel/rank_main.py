@@ -80,7 +80,7 @@ def build_runner(spec: RankSpec):
     store = TCPStore(spec.store_host, spec.store_port, spec.size, False,
                      timeout=datetime.timedelta(seconds=spec.start_timeout_s))
     group = gloo_group(store, spec.rank, spec.size, spec.timeout_s)
-    source = load_source(spec.model)
+    source = load_source(spec.model, keep_quantized=config.keeps_quantized)
     shards = shards_for(source.config, spec.size)
     comm = ShardComm(group, shards, spec.rank)
     runner = ModelRunner(config, source.config, source.tensors, torch.device(spec.device),

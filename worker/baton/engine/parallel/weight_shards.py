@@ -4,6 +4,12 @@ Column-parallel Q/K/V and gate/up keep their rows for the rank's heads or column
 row-parallel O and down keep the matching input columns (their partial outputs are summed
 by an all-reduce); embedding and LM head keep the rank's vocabulary rows; norms are whole.
 Each slice is copied, so the full tensor it came from can be freed as the load streams on.
+
+A checkpoint's quantized matrix (QuantizedTensor) is cut the same way without
+dequantizing: rows are whole rows of blocks, and a run of input columns is a run of whole
+blocks (32 values each) when it starts and ends on a block edge. A column cut inside a
+block (a head or intermediate split not a multiple of 32) cannot keep the blocks: that
+matrix alone is dequantized and cut in float32.
 """
 
 from __future__ import annotations
@@ -11,22 +17,33 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import torch
 
 from baton.engine.parallel.shards import RankShard, Span
+from baton.engine.quant.formats import BLOCK, dequantize
+from baton.engine.quant.weight import QuantizedTensor
 
 _LAYER_RE = re.compile(r"model\.layers\.\d+\.(.+)")
 
 
-def _rows(tensor: torch.Tensor, span: Span) -> torch.Tensor:
+def _rows(tensor, span: Span):
+    if isinstance(tensor, QuantizedTensor):
+        return QuantizedTensor(tensor.fmt, np.array(tensor.raw[span.start : span.end]), tensor.k)
     return tensor[span.start : span.end].clone()
 
 
-def _columns(tensor: torch.Tensor, span: Span) -> torch.Tensor:
+def _columns(tensor, span: Span):
+    if isinstance(tensor, QuantizedTensor):
+        if span.start % BLOCK or span.end % BLOCK:
+            return _columns(torch.from_numpy(dequantize(tensor.fmt, tensor.raw)), span)
+        block = tensor.fmt.block_bytes
+        raw = tensor.raw[:, span.start // BLOCK * block : span.end // BLOCK * block]
+        return QuantizedTensor(tensor.fmt, np.array(raw), span.size)
     return tensor[:, span.start : span.end].contiguous().clone()
 
 
-def shard_tensor(name: str, tensor: torch.Tensor, head_dim: int, shard: RankShard) -> torch.Tensor:
+def shard_tensor(name: str, tensor, head_dim: int, shard: RankShard):
     """The part of HF tensor `name` that `shard` holds (a copy; norms are returned whole)."""
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return _rows(tensor, shard.vocab)
