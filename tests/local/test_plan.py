@@ -101,3 +101,15 @@ def test_the_routers_reservation_wait_is_its_dispatchers_deadline():
     assert app.state.dispatcher.deadlines.reserve_wait_s == 3
     app = build_app(parser.parse_args(["--workers", "http://127.0.0.1:1"]))
     assert app.state.dispatcher.deadlines.reserve_wait_s == 10  # the default the help names
+
+
+def test_workers_get_the_ray_address_and_ray_counts_their_ranks():
+    from baton.local.plan import ray_cpus
+
+    plans = plan_workers(plan_roles(1, 2, 0), [0, 1], prefill_tp=1, decode_tp=2)
+    args = worker_args(plans[1], 1, 2, "h", "a", None, None, [], [], "10.0.0.1:6379")
+    assert args[args.index("--ray-address") + 1] == "10.0.0.1:6379"
+    assert "--ray-address" not in worker_args(plans[1], 1, 2, "h", "a", None, None, [], [])
+    # 3 servers and the router, and for each worker one more rank, twice over (a regroup)
+    assert ray_cpus(plans, 1, 2) == 3 + 1 + 3 * 2
+    assert ray_cpus(plan_workers(["both"], [0]), 1, 1) == 2

@@ -1,11 +1,12 @@
 """`baton up --prefill 1 --decode 2 --prefill-tp 1 --decode-tp 2` on a tiny model, through the
 router with the official `openai` client: each decode worker splits the model over two rank
-processes, prompts are prefilled in one process and decoded on a decode group (the KV heads
-re-sharded in flight), and the tokens are one process's. A decode worker converts to a
-prefill worker of one process and back, as `baton up --autoscale` converts between pools of
-these sizes, under traffic and with no failed request. Killing one rank of a decode worker
-loses no request (the router routes around it or re-issues), and `baton up` restarts that
-worker from its liveness probe as a kubelet would: it serves the same tokens again."""
+processes (the second started through Ray, in a placement group on the worker's node),
+prompts are prefilled in one process and decoded on a decode group (the KV heads re-sharded
+in flight), and the tokens are one process's. A decode worker converts to a prefill worker
+of one process and back, as `baton up --autoscale` converts between pools of these sizes,
+under traffic and with no failed request. Killing one rank of a decode worker loses no
+request (the router routes around it or re-issues), and `baton up` restarts that worker
+from its liveness probe as a kubelet would: it serves the same tokens again."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 import httpx
 import openai
 import pytest
-from stack_harness import UpProcess
+from stack_harness import UpProcess, assert_all_exit
 
 from baton.autoscaler.ray_actuator import RayActuator
 from baton.local.autoscale import pool_sizes
@@ -57,14 +58,17 @@ def stack(tiny, tmp_path_factory):
                     "--port", "0", "--model", str(tiny), "--disagg-threshold", "0",
                     "--worker-arg=--dtype=float32", "--worker-arg=--num-kv-blocks=64"],
                    tmp_path_factory.mktemp("up-tp"), env={"BATON_INTERNAL_TOKEN": TOKEN})
+    started: list = []
     try:
         url = up.wait_up()
         urls = WORKERS_LINE.search(up.printed()).groups()
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         yield up, url, model, [WorkerApi(u) for u in urls]
+        started = up.descendants()  # Ray's rank actors and their ranks included
     finally:
         code = up.stop()
     assert code == 0, up.output()
+    assert_all_exit(started)
 
 
 def complete_all(url: str, model: str) -> list:
@@ -88,6 +92,10 @@ def test_decode_workers_run_two_ranks_and_the_tokens_are_one_processes(stack, re
     for worker, size in zip(workers, (1, 2, 2)):
         state = worker.state()
         assert state["tensor_parallel_size"] == size and len(state["rank_pids"]) == size - 1, state
+    for name in ("worker-1-decode.log", "worker-2-decode.log"):  # the second rank: a Ray actor's
+        assert "ranks placed through Ray" in (up.log_dir / name).read_text(), up.output()
+    ranks = {pid for worker in workers for pid in worker.state()["rank_pids"]}
+    assert len(ranks) == 2 and ranks <= {p.pid for p in up.descendants()}  # stopped with the stack
     replies = complete_all(url, model)
     assert replies == reference
     remote = httpx.get(f"{url}/metrics", timeout=10).text

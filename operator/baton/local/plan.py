@@ -45,9 +45,12 @@ def plan_workers(roles: list[str], cores: list[int], prefill_tp: int = 1, decode
 
 
 def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_host: str,
-                model: str | None, chunk_size: int | None, peers: list[str], extra: list[str]) -> list[str]:
+                model: str | None, chunk_size: int | None, peers: list[str], extra: list[str],
+                ray_address: str | None = None) -> list[str]:
     args = ["--role", plan.role, "--host", host, "--port", str(port), "--kv-port", str(kv_port),
             "--advertise-host", advertise_host, "--worker-id", f"{plan.role}-{plan.index}"]
+    if ray_address:  # its other tensor-parallel ranks, now or after a conversion, go through Ray
+        args += ["--ray-address", ray_address]
     for core in plan.cores:  # each rank's torch threads: one per core of its share
         args += ["--cpu-core", str(core)]
     if plan.tensor_parallel_size > 1:
@@ -59,3 +62,11 @@ def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_
     if peers and plan.role in ("decode", "both"):
         args += ["--peers", ",".join(peers)]
     return args + list(extra)
+
+
+def ray_cpus(plans: list[WorkerPlan], prefill_tp: int, decode_tp: int) -> int:
+    """Logical CPUs for the local Ray instance: one per server (the router's included), and
+    for each worker's other ranks, which Ray places with a CPU each, twice the most it may
+    run: a change of group size starts the new ranks before the old ones stop."""
+    most = max(prefill_tp, decode_tp)
+    return len(plans) + 1 + sum(2 * (most - 1) for _ in plans)

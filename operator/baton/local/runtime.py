@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from baton.local.plan import WorkerPlan, plan_roles, plan_workers, worker_args
+from baton.local.plan import WorkerPlan, plan_roles, plan_workers, ray_cpus, worker_args
 from baton.local.process_actor import ServerProcess
 from baton.local.restart import Backoff
 from baton.local.supervisor import Supervisor
@@ -113,7 +113,8 @@ class LocalStack:
         if self.spec.address:
             ray.init(address=self.spec.address, log_to_driver=False)
         else:
-            ray.init(num_cpus=len(roles) + 1, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=ray_cpus(plans, self.spec.prefill_tp, self.spec.decode_tp),
+                     include_dashboard=False, log_to_driver=False)
             self._started_ray = True
         remote = ray.remote(num_cpus=0)(ServerProcess)
         try:
@@ -152,12 +153,13 @@ class LocalStack:
         import ray
 
         ips = [advertise] * len(plans) if local else ray.get([a.node_ip.remote() for a in actors])
+        ray_address = ray.get_runtime_context().gcs_address
         urls = [f"http://{ip}:{port}" for ip, (port, _) in zip(ips, ports)]
         decode_urls = [u for u, p in zip(urls, plans) if p.role in ("decode", "both")]
         for plan, actor, url, ip, (port, kv_port) in zip(plans, actors, urls, ips, ports):
             peers = [u for u in decode_urls if u != url]
             args = worker_args(plan, port, kv_port, host, ip, self.spec.model, self.spec.chunk_size,
-                               peers, self.spec.worker_args)
+                               peers, self.spec.worker_args, ray_address)
             ray.get(actor.configure.remote(WORKER_MODULE, args))
             ray.get(actor.start.remote())
             self.workers.append(RunningServer(f"worker-{plan.index}", plan.role, url, actor))

@@ -96,6 +96,7 @@ class EngineConfig:
     threads: int | None = None  # torch CPU threads (of each rank); None leaves torch's default
     tensor_parallel_size: int = 1  # ranks (processes) the model is split over
     cpu_cores: list[int] = field(default_factory=list)  # the worker's cores, shared out to its ranks
+    ray_address: str | None = None  # place the other ranks through Ray there (else: child processes)
     tensor_parallel_timeout_s: float = 60.0  # longest wait in one collective or command
     tensor_parallel_start_timeout_s: float = 300.0  # ranks joining and loading their slices
     extra: dict = field(default_factory=dict)

@@ -73,10 +73,17 @@ class Engine:
             close()
 
     def _new_runner(self, source):
-        if self.config.tensor_parallel_size > 1:
+        config = self.config
+        if config.tensor_parallel_size > 1:
+            from baton.engine.parallel.launcher import rank_cores
+            from baton.engine.parallel.ray_launcher import launcher_for
             from baton.engine.parallel.runner import TensorParallelRunner
 
-            return TensorParallelRunner(self.config, source, self.device, self.dtype, kv_dtype=self.kv_dtype)
+            size = config.tensor_parallel_size
+            launcher = launcher_for(config.ray_address, size, len(rank_cores(config.cpu_cores, size, 1)),
+                                    config.tensor_parallel_start_timeout_s)
+            return TensorParallelRunner(config, source, self.device, self.dtype, launcher=launcher,
+                                        kv_dtype=self.kv_dtype)
         return ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype,
                            kv_dtype=self.kv_dtype)
 

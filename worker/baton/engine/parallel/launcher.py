@@ -1,10 +1,9 @@
-"""Starting a group's rank processes on this machine.
+"""Starting a group's rank processes as children of this one.
 
-This is the one room that knows how a rank process comes to exist: a leader asks a
-launcher for `start(rank, command, env)` and gets a handle it can poll and kill. Ray
-(placement groups for `baton up --address`) is meant to slot in here with the same two
-calls; everything else talks to ranks through the control connection and the process
-group, which work across machines.
+This is one of the two rooms that know how a rank process comes to exist: a leader asks a
+launcher for `start(rank, command, env)` and gets a handle it can poll and stop. The other
+is ray_launcher.py (Ray actors in a placement group, for `baton up`); everything else talks
+to ranks through the control connection and the process group.
 
 A local rank dies with its leader: it is started with PR_SET_PDEATHSIG. The kernel sends
 that signal when the *thread* that started the child exits, so children are started from
