@@ -4,6 +4,8 @@ the decision shows in status, in Events and in Prometheus. The pools run differe
 tensor-parallel sizes (prefill 3 ranks a pod, decode 1): every handoff re-shards the KV heads
 in flight, and the converted worker regroups onto 3 ranks in place. Resources are per rank,
 so every pod asks for 3 ranks' worth from the start and keeps it through the conversion.
+The KV cache is pinned to bf16 (`engine.kvCacheDtype`) on every worker, so the handoffs
+between the pools carry it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ def roles(cluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def shift(cluster):
-    spec = {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32", "kvCacheMemoryGb": 0.25},
+    # the KV cache pinned to bf16 under float32 activations, as a cluster of mixed CPUs would
+    spec = {"image": "baton-worker:0.1.0",
+            "engine": {"dtype": "float32", "kvCacheDtype": "bfloat16", "kvCacheMemoryGb": 0.25},
             "prefill": {"replicas": 1, "tensorParallelSize": 3, "resources": PER_RANK},
             "decode": {"replicas": 2, "resources": PER_RANK},
             "autoscaling": {"enabled": True, "mode": "fixed-fleet", "periodSeconds": 5,
@@ -56,8 +60,15 @@ def worker_requests(cluster) -> list[dict]:
             for p in pods(cluster, WORKERS)]
 
 
+def worker_args(cluster) -> list[list[str]]:
+    return [next(c for c in p["spec"]["containers"] if c["name"] == "worker")["args"]
+            for p in pods(cluster, WORKERS)]
+
+
 def test_long_prompts_make_the_controller_convert_a_decode_worker(cluster, shift):
     assert roles(cluster) == ["decode", "decode", "prefill"]
+    for args in worker_args(cluster):  # both pools hold KV in the pinned dtype: handoffs agree
+        assert args[args.index("--kv-cache-dtype") + 1] == "bfloat16", args
     # autoscaling on: every pod is sized for the larger pool's 3 ranks, decode pods too
     assert worker_requests(cluster) == [{"cpu": "300m", "memory": "192Mi"}] * 3
     names = {p["metadata"]["name"] for p in pods(cluster, WORKERS)}

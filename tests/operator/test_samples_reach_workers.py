@@ -43,12 +43,22 @@ def test_each_sample_reaches_its_workers_as_flags_they_accept(path):
         assert settings.kv_cache_memory_gb == spec.engine.kv_cache_memory_gb
         assert settings.block_size == spec.engine.block_size
         assert settings.dtype == spec.engine.dtype
+        assert settings.kv_cache_dtype == spec.engine.kv_cache_dtype
         select_transport(settings.receive_transport)  # implemented, not NotImplementedError
 
 
 def test_the_kv_cache_memory_setting_reaches_the_worker():
     spec = parse_spec({"image": "w", "engine": {"kvCacheMemoryGb": 0.25}})
     assert worker_settings(workers.worker_pod("d", "p", "decode", spec)).kv_cache_memory_gb == 0.25
+
+
+def test_the_kv_cache_dtype_reaches_both_pools_and_a_bad_one_is_refused_by_name():
+    spec = parse_spec({"image": "w", "engine": {"kvCacheDtype": "float32"}})
+    for role in ("prefill", "decode"):
+        settings = worker_settings(workers.worker_pod("d", "p", role, spec))
+        assert settings.engine_settings()["kv_cache_dtype"] == "float32"
+    with pytest.raises(ValueError, match="kvCacheDtype"):
+        parse_spec({"image": "w", "engine": {"kvCacheDtype": "int8"}})
 
 
 def test_only_transports_the_worker_implements_between_pods_are_accepted():

@@ -61,6 +61,10 @@ class ModelSource(ApiModel):
 
 class EngineSettings(ApiModel):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="the KV cache's dtype (auto: the activations', or bfloat16 under float32 "
+        "activations on a CPU with bf16 in hardware); prefill and decode workers must agree, so pin "
+        "it where nodes' CPUs differ")
     quantization: Literal["auto", "none"] = Field(
         "auto", description="auto: a GGUF model's Q4_0/Q4_1/Q8_0 weights served as stored; "
         "none: dequantized to dtype at load")

@@ -89,6 +89,7 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
         "--advertise-host", "$(POD_IP)",
         "--worker-id", "$(POD_NAME)",
         "--dtype", engine.dtype,
+        "--kv-cache-dtype", engine.kv_cache_dtype,
         "--quantization", engine.quantization,
         "--block-size", str(engine.block_size),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
