@@ -28,24 +28,40 @@ NEW_TOKENS = 32
 @contextlib.contextmanager
 def _gguf_reads_cached():
     """transformers parses the GGUF with the gguf package once for the config, once for the
-    weights and once for the tokenizer, and rebuilds gguf's tensor-name map for each of ~400
-    modules: ~30 of the reference's ~45 s here. Both are deterministic reads of one file, so
-    they are cached while the reference loads; what transformers does with them is unchanged."""
+    weights and once for the tokenizer, turns its metadata (the 49k-token vocabulary and its
+    merges) into Python values for the config and again for the tokenizer, and rebuilds
+    gguf's tensor-name map for each of ~400 modules: most of the reference's load time. All
+    are deterministic reads of one file, so they are cached while the reference loads (a
+    copy of the parsed metadata for each caller); what transformers does with them is
+    unchanged."""
+    import copy
     import functools
 
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+    metadata: dict = {}
+
+    def metadata_cached(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:  # the weights: read once anyway
+            return checkpoint(path, return_tensors, **kwargs)
+        if path not in metadata:
+            metadata[path] = checkpoint(path)
+        return copy.deepcopy(metadata[path])
+
     gguf.GGUFReader = functools.lru_cache(maxsize=None)(reader)
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    gguf_utils.load_gguf_checkpoint = metadata_cached
     try:
         yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        gguf_utils.load_gguf_checkpoint = checkpoint
 
 
 @pytest.fixture(scope="session")
-def hf_reference():
+def hf_reference(engine_fp32):
     """HF transformers' greedy continuation of every prompt (the correctness reference)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -55,14 +71,34 @@ def hf_reference():
     with _gguf_reads_cached():
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    continuations = []
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        out = model.generate(
-            ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
-        )
-        continuations.append(out[0, ids.shape[1] :].tolist())
+    from baton.engine import SamplingParams
+
+    # a guess per prompt to check in one forward pass: Baton's own greedy tokens
+    guesses = engine_fp32.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    continuations = [hf_greedy(model, tokenizer(prompt).input_ids, guess.token_ids, NEW_TOKENS)
+                     for prompt, guess in zip(PROMPTS, guesses, strict=True)]
     return {"model": model, "tokenizer": tokenizer, "continuations": continuations}
+
+
+def hf_greedy(model, ids: list[int], guess: list[int], count: int) -> list[int]:
+    """HF's greedy continuation of `ids`, `count` tokens long. `guess` is checked first in
+    one forward pass over ids + guess: the tokens up to the first position whose argmax
+    differs are HF's own greedy choices, and HF generates the rest from its choice there
+    (greedy decoding is that argmax, position after position). Much faster than
+    `generate` token by token when the guess is right, the same answer when it is not."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids + guess[:count]])).logits[0]
+    choices = logits[len(ids) - 1 : len(ids) - 1 + count].argmax(-1).tolist()
+    agreed = next((i for i, (a, b) in enumerate(zip(choices, guess, strict=False)) if a != b),
+                  min(len(choices), len(guess)))
+    if agreed == count:
+        return list(guess[:count])
+    prefix = ids + choices[: agreed + 1]  # HF's own tokens: the agreed ones and its choice after
+    left = count - agreed - 1
+    if left == 0:
+        return choices[: agreed + 1]
+    out = model.generate(torch.tensor([prefix]), max_new_tokens=left, min_new_tokens=left, do_sample=False)
+    return choices[: agreed + 1] + out[0, len(prefix):].tolist()
 
 
 def make_engine(**settings):

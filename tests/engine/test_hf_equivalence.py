@@ -6,7 +6,7 @@ import pytest
 
 from baton.engine import SamplingParams
 
-from .conftest import NEW_TOKENS, PROMPTS, make_engine
+from .conftest import NEW_TOKENS, PROMPTS, hf_greedy, make_engine
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
 
@@ -15,6 +15,17 @@ def test_tokenizer_matches_hf(engine_fp32, hf_reference):
     hf_tok = hf_reference["tokenizer"]
     for text in [*PROMPTS, "  leading spaces\tand\ttabs\n\nnew lines 0123456789"]:
         assert engine_fp32.tokenizer.encode(text) == hf_tok(text).input_ids, text
+
+
+def test_the_reference_is_hfs_own_whatever_the_guess(hf_reference):
+    """The fixture checks a guess (Baton's tokens) in one HF forward pass; a wrong guess
+    must still give HF's own greedy tokens, generated from where the guess went wrong."""
+    model, tokenizer = hf_reference["model"], hf_reference["tokenizer"]
+    reference = hf_reference["continuations"][0]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    wrong = reference[:3] + [(t + 1) % 1000 for t in reference[3:]]
+    assert hf_greedy(model, ids, wrong, NEW_TOKENS) == reference
+    assert hf_greedy(model, ids, [], 4) == reference[:4]
 
 
 @pytest.mark.parametrize("chunk_size", [0, 8])

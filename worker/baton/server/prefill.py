@@ -45,7 +45,7 @@ from baton.kv.stream import BackgroundLoop, LayerStreamer, StreamReport
 from baton.kv.ticket import Ticket
 from baton.kv.transport import TransferError, TransferRefused, TransferTimeout, select_transport
 from baton.server.errors import ApiError, bad_request
-from baton.server.test_hooks import corrupt_layer_hook, layer_delay_s
+from baton.server.test_hooks import corrupt_layer_hook, layer_delay
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class _Handoff:
         self.first_token: int | None = None
         self.logprob: float | None = None
         self.sampler_state: str | None = None  # a seeded request's generator after token 1
-        self.delay_s = layer_delay_s()
+        self.delay = layer_delay()
         self.queue = self.loop = None  # the HTTP handler's output queue and its loop
         self.layers_fed: set[int] = set()
 
@@ -107,8 +107,8 @@ class _Handoff:
             if layer == 0:
                 for streamer in self.streamers:
                     streamer.src_block_ids = list(seq.block_table)
-            if self.delay_s:
-                time.sleep(self.delay_s)
+            if self.delay is not None:
+                self.delay.before(layer)
             self.feed(layer, k_cache, v_cache)
 
         return on_layer
