@@ -187,3 +187,18 @@ def test_the_abort_of_a_stream_cancelled_by_its_server_still_runs():
 
     asyncio.run(main())
     assert abandoned == ["r"]
+
+
+def test_the_test_layer_delay_slows_each_layer_of_a_step_once(monkeypatch):
+    from baton.server import test_hooks
+
+    slept = []
+    monkeypatch.setattr(test_hooks.time, "sleep", slept.append)
+    delay = test_hooks.LayerDelay(0.1)
+    for layer in (0, 0, 0, 1, 1, 1, 2, 2, 2, 0, 1, 2):  # a step of three prompts, then one of one
+        delay.before(layer)
+    assert slept == [0.1] * 6
+    monkeypatch.delenv("BATON_TEST_LAYER_DELAY_S", raising=False)
+    assert test_hooks.layer_delay() is None
+    monkeypatch.setenv("BATON_TEST_LAYER_DELAY_S", "0.2")
+    assert test_hooks.layer_delay() is test_hooks.layer_delay() and test_hooks.layer_delay().seconds == 0.2
