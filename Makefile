@@ -32,9 +32,10 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not heavy"
 
-# the tensor-parallel P/D matrices: tiny model over shared memory, SmolLM2 TP 1 and 3
+# the tensor-parallel P/D matrices (tiny model over shared memory, SmolLM2 TP 1 and 3) and
+# `baton up --autoscale` converting between TP 1 and 3 under traffic
 test-tp: install
-	$(BIN)/python -m pytest -q -m heavy tests/server/test_tp_handoff.py
+	$(BIN)/python -m pytest -q -m heavy tests/server/test_tp_handoff.py tests/local/test_autoscale_live.py
 
 lint: install
 	$(BIN)/ruff check worker operator tests bench e2e

@@ -30,6 +30,7 @@ from stack_harness import UpProcess
 
 from baton.loadgen import datasets, runner
 from baton.loadgen.stats import summarize
+from tests.server.workers import TOKEN, WorkerApi
 
 pytestmark = pytest.mark.slow
 
@@ -125,6 +126,13 @@ def wait_for_roles(up: UpProcess, urls: list[str], ctl: str, prefill: int, timeo
                          f"{lines}\n{up.output()}")
 
 
+def assert_pool_sizes(urls: list[str], sizes: dict[str, int]) -> None:
+    """Every worker runs its pool's tensor-parallel size (a converted one regrouped)."""
+    for url, role in zip(urls, worker_roles(urls), strict=True):
+        state = WorkerApi(url).state()
+        assert state["tensor_parallel_size"] == sizes[role], (url, role, state)
+
+
 def periods_to_convert(records: list[dict], shift_at: float, action: str) -> tuple[dict, int]:
     """The conversion after `shift_at` and how many periods it came after the shift was measurable."""
     after = [d for d in records if d["unix_time"] > shift_at]
@@ -169,8 +177,12 @@ def assert_pressured_pool(conversion: dict, grown: str) -> None:
         assert outputs[f"{grown}_utilisation"] > outputs[f"{shrunk}_utilisation"], conversion
 
 
-def test_traffic_shifts_convert_a_worker_and_back(tmp_path):
-    up = UpProcess(ARGS, tmp_path)
+# prefill TP=3 (SmolLM2's 9 query heads split in three): both conversions change a worker's
+# tensor-parallel size, 1 -> 3 ranks and back, under the same traffic. Heavy: five to seven
+# processes on two cores make it ~2 minutes (`make test-tp`).
+@pytest.mark.parametrize("prefill_tp", [1, pytest.param(3, marks=pytest.mark.heavy)])
+def test_traffic_shifts_convert_a_worker_and_back(tmp_path, prefill_tp):
+    up = UpProcess([*ARGS, "--prefill-tp", str(prefill_tp)], tmp_path, env={"BATON_INTERNAL_TOKEN": TOKEN})
     loads: list[Load] = []
     try:
         url = up.wait_up()
@@ -183,6 +195,7 @@ def test_traffic_shifts_convert_a_worker_and_back(tmp_path):
         loads.append(Load(url, model, long_specs, concurrency=3))
         shift1 = loads[0].started
         converted1 = wait_for_roles(up, urls, ctl, prefill=2, timeout_s=WINDOW_S + 10 * PERIOD_S)
+        assert_pool_sizes(urls, {"prefill": prefill_tp, "decode": 1})
         time.sleep(PERIOD_S)  # traffic keeps flowing over the new split
         phase1 = loads[0].finish()
 
@@ -191,6 +204,7 @@ def test_traffic_shifts_convert_a_worker_and_back(tmp_path):
         loads.append(Load(url, model, short_specs, concurrency=8))
         shift2 = loads[1].started
         converted2 = wait_for_roles(up, urls, ctl, prefill=1, timeout_s=60 + WINDOW_S + 10 * PERIOD_S)
+        assert_pool_sizes(urls, {"prefill": prefill_tp, "decode": 1})
         time.sleep(PERIOD_S)
         phase2 = loads[1].finish(timeout_s=150)
 
