@@ -82,8 +82,13 @@ class Engine:
             size = config.tensor_parallel_size
             launcher = launcher_for(config.ray_address, size, len(rank_cores(config.cpu_cores, size, 1)),
                                     config.tensor_parallel_start_timeout_s)
-            return TensorParallelRunner(config, source, self.device, self.dtype, launcher=launcher,
-                                        kv_dtype=self.kv_dtype)
+            try:
+                return TensorParallelRunner(config, source, self.device, self.dtype, launcher=launcher,
+                                            kv_dtype=self.kv_dtype)
+            except BaseException:
+                if launcher is not None:  # a group that never started gives its reservation back
+                    launcher.close()
+                raise
         return ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype,
                            kv_dtype=self.kv_dtype)
 
