@@ -65,14 +65,13 @@ def hf_reference(engine_fp32):
     """HF transformers' greedy continuation of every prompt (the correctness reference)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from baton.engine import SamplingParams
     from baton.engine.loader import bundled_model_path
 
     path = bundled_model_path()
     with _gguf_reads_cached():
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    from baton.engine import SamplingParams
-
     # a guess per prompt to check in one forward pass: Baton's own greedy tokens
     guesses = engine_fp32.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
     continuations = [hf_greedy(model, tokenizer(prompt).input_ids, guess.token_ids, NEW_TOKENS)

@@ -80,27 +80,24 @@ def test_kv_cache_dtype_and_router_arguments_reach_their_processes():
         up.parse_args(["--kv-cache-dtype", "int8"])
 
 
-@pytest.mark.parametrize("wait", ["0", "-1", "nan"])
-def test_the_routers_reservation_wait_must_be_positive(wait):
+def router_app(*argv: str):
     from baton.router.main import add_arguments as router_arguments
     from baton.router.main import build_app
 
     parser = argparse.ArgumentParser()
     router_arguments(parser)
+    return build_app(parser.parse_args(["--workers", "http://127.0.0.1:1", *argv]))
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "nan"])
+def test_the_routers_reservation_wait_must_be_positive(wait):
     with pytest.raises(SystemExit, match="--reserve-wait must be a positive number of seconds"):
-        build_app(parser.parse_args(["--workers", "http://127.0.0.1:1", "--reserve-wait", wait]))
+        router_app("--reserve-wait", wait)
 
 
 def test_the_routers_reservation_wait_is_its_dispatchers_deadline():
-    from baton.router.main import add_arguments as router_arguments
-    from baton.router.main import build_app
-
-    parser = argparse.ArgumentParser()
-    router_arguments(parser)
-    app = build_app(parser.parse_args(["--workers", "http://127.0.0.1:1", "--reserve-wait", "3"]))
-    assert app.state.dispatcher.deadlines.reserve_wait_s == 3
-    app = build_app(parser.parse_args(["--workers", "http://127.0.0.1:1"]))
-    assert app.state.dispatcher.deadlines.reserve_wait_s == 10  # the default the help names
+    assert router_app("--reserve-wait", "3").state.dispatcher.deadlines.reserve_wait_s == 3
+    assert router_app().state.dispatcher.deadlines.reserve_wait_s == 10  # the default the help names
 
 
 def test_workers_get_the_ray_address_and_ray_counts_their_ranks():

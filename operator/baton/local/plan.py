@@ -68,5 +68,4 @@ def ray_cpus(plans: list[WorkerPlan], prefill_tp: int, decode_tp: int) -> int:
     """Logical CPUs for the local Ray instance: one per server (the router's included), and
     for each worker's other ranks, which Ray places with a CPU each, twice the most it may
     run: a change of group size starts the new ranks before the old ones stop."""
-    most = max(prefill_tp, decode_tp)
-    return len(plans) + 1 + sum(2 * (most - 1) for _ in plans)
+    return len(plans) * (1 + 2 * (max(prefill_tp, decode_tp) - 1)) + 1
