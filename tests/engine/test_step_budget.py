@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
+    MAX_BANKED_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
     StepCosts,
     prefill_token_budget,
+    step_allowance_s,
 )
 from tests.engine.test_scheduler import complete, make, seq
 
@@ -111,3 +115,57 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     assert max(beside_decodes) <= allowed + 1
     alone = [out.token_ids for out in engine.generate([short, long], greedy)]
     assert [results["budget-short"], results["budget-long"]] == alone
+
+
+def test_allowance_is_the_time_each_decode_has_saved_against_the_objective():
+    # 5 tokens in 0.2 s under a 0.1 s objective: the next may come 0.6 - 0.2 = 0.4 s later
+    assert step_allowance_s(0.1, [(5, 0.2)]) == pytest.approx(0.4)
+    # the decode with the least saved time decides for the whole step
+    assert step_allowance_s(0.1, [(5, 0.2), (2, 0.25)]) == pytest.approx(0.05 + 0.05, abs=1e-9)
+
+
+def test_allowance_is_never_below_the_objective_nor_above_its_bank_limit():
+    assert step_allowance_s(0.1, []) == pytest.approx(0.1 * MAX_BANKED_OBJECTIVES)
+    assert step_allowance_s(0.1, [(0, 0.0)]) == pytest.approx(0.1)  # fresh: step by step
+    assert step_allowance_s(0.1, [(10, 3.0)]) == pytest.approx(0.1)  # already behind
+    assert step_allowance_s(0.1, [(1000, 1.0)]) == pytest.approx(0.1 * MAX_BANKED_OBJECTIVES)
+
+
+def test_saved_time_buys_a_larger_chunk():
+    costs = costs_of(0.02, 0.005, 0.001)  # 8 decodes take 60 ms, 1 ms per prompt token
+    per_step = prefill_token_budget(0.1, 8, costs, ceiling=2048)
+    banked = prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.3)
+    assert per_step == pytest.approx(40, abs=2)
+    assert banked == pytest.approx(240, abs=5)
+    # an allowance under the objective never shrinks the per-step budget
+    assert prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.01) == per_step
+
+
+def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monkeypatch):
+    """The cap next to a running decode follows that decode's own pace: one that has made its
+    tokens at the objective gets the per-step budget, one that saved time lets a larger chunk
+    through, and the pace starts at the first token this engine produced."""
+    from baton.engine.sampling import SamplingParams
+
+    engine = engine_fp32
+    monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    engine.add_request("Pacing:", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                       request_id="paced")
+    try:
+        for _ in range(3):
+            engine.step()
+        monkeypatch.setattr(engine, "step_costs", costs_of(0.02, 0.005, 0.001))  # 1 decode: 25 ms
+        seq = engine.sequences["paced"]
+        started, tokens = seq.paced_from
+        assert tokens == 1 and started == pytest.approx(seq.first_token_time)
+        made = seq.num_completion_tokens - 1
+        seq.paced_from = (time.monotonic() - 0.1 * made, 1)  # at the objective: nothing saved
+        assert engine._prefill_cap() == pytest.approx(75, abs=2)  # (100 - 25) ms at 1 ms a token
+        seq.paced_from = (time.monotonic() - 0.01 * made, 1)  # fast: about 0.1·(made+1) s saved
+        expected = prefill_token_budget(0.1, 1, engine.step_costs, engine.config.max_num_batched_tokens,
+                                        allowance_s=0.1 * (made + 1) - 0.01 * made)
+        assert engine._prefill_cap() == pytest.approx(expected, abs=2)
+        assert expected > 75
+    finally:
+        engine.abort("paced")
+        engine.release("paced")

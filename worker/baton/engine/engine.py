@@ -18,7 +18,7 @@ from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
 from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
-from baton.engine.step_budget import StepCosts, prefill_token_budget
+from baton.engine.step_budget import StepCosts, prefill_token_budget, step_allowance_s
 from baton.engine.stopping import StopChecker
 
 log = logging.getLogger(__name__)
@@ -244,11 +244,17 @@ class Engine:
         return outputs
 
     def _prefill_cap(self) -> int | None:
-        decodes = self.scheduler.num_decoding()
-        if not decodes:
+        decoding = self.scheduler.decoding()
+        if not decoding:
             return None
-        return prefill_token_budget(self.config.tpot_objective_s, decodes, self.step_costs,
-                                    self.config.max_num_batched_tokens)
+        objective, allowance = self.config.tpot_objective_s, None
+        if objective:
+            now = time.monotonic()
+            paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])
+                     for seq in decoding if seq.paced_from is not None]
+            allowance = step_allowance_s(objective, paces)
+        return prefill_token_budget(objective, len(decoding), self.step_costs,
+                                    self.config.max_num_batched_tokens, allowance_s=allowance)
 
     def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:
         """Run and sample a batch; a sequence's state changes only once both succeeded, so a
@@ -301,6 +307,8 @@ class Engine:
         seq.token_ids.append(result.token_id)
         if seq.first_token_time is None:
             seq.first_token_time = now
+        if seq.paced_from is None:
+            seq.paced_from = (now, seq.num_completion_tokens)
         if result.logprob is not None:
             seq.logprobs.append({"token_id": result.token_id, "logprob": result.logprob,
                                  "top_logprobs": result.top_logprobs or {}})

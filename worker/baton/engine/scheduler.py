@@ -76,9 +76,12 @@ class Scheduler:
         self._admit_waiting(batch, budget)
         return batch
 
-    def num_decoding(self) -> int:
+    def decoding(self) -> list[Sequence]:
         """Running sequences past their prompt: the decodes the next step will carry."""
-        return sum(1 for seq in self.running if not seq.in_prefill)
+        return [seq for seq in self.running if not seq.in_prefill]
+
+    def num_decoding(self) -> int:
+        return len(self.decoding())
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
         for seq in list(self.running):

@@ -37,6 +37,9 @@ class Sequence:
     logprobs: list[dict] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    # (monotonic time, completion tokens) at its first token on this worker: its decode pace
+    # is counted from there (a handed-off or migrated sequence's began elsewhere)
+    paced_from: tuple[float, int] | None = None
     num_preemptions: int = 0
     # prefill side of a handoff: called after each layer with
     # (layer, k_cache, v_cache, first token of this chunk, end of this chunk)
