@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from baton.engine.sampler_state import FORMAT, export_state, restore_state
-from baton.engine.sampling import SamplingParams, _filter_logits, draw_noise, sample, skip_draws
+from baton.engine.sampling import (
+    SamplingParams,
+    _filter_logits,
+    draw_inverse_cdf,
+    draw_noise,
+    sample,
+    skip_draws,
+)
 
 VOCAB = 1000
 
@@ -80,3 +87,21 @@ def test_seed_offset_must_be_a_count():
         with pytest.raises(ValueError, match="seed_offset"):
             SamplingParams(seed=1, seed_offset=bad).validate()
     SamplingParams(seed=1, seed_offset=3).validate()
+
+
+def test_an_unseeded_token_follows_the_probabilities_and_is_never_a_zero_one():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.25, 0.25, 0.0])
+    draws = [draw_inverse_cdf(probs) for _ in range(20000)]
+    shares = {token: draws.count(token) / len(draws) for token in set(draws)}
+    assert set(shares) == {1, 3, 4}
+    assert shares[1] == pytest.approx(0.5, abs=0.02)
+    assert shares[3] == pytest.approx(0.25, abs=0.02) and shares[4] == pytest.approx(0.25, abs=0.02)
+    # all the mass at either end, and a total other than 1
+    assert {draw_inverse_cdf(torch.tensor([0.0, 0.0, 3.0])) for _ in range(200)} == {2}
+    assert {draw_inverse_cdf(torch.tensor([2.0, 0.0, 0.0])) for _ in range(200)} == {0}
+    # through sample(): a row with one token left after top-k always gives that token
+    logits = torch.randn(VOCAB)
+    top = int(logits.argmax())
+    picks = {sample(logits[None], [SamplingParams(temperature=1.0, top_k=1)], [None])[0].token_id for _ in range(20)}
+    assert picks == {top}
