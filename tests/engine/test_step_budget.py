@@ -96,9 +96,20 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     engine, greedy = engine_fp32, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     short, long = "Budgets:", "Seven tall ships sailed past the harbour wall at dawn. " * 6
     monkeypatch.setattr(engine.config, "tpot_objective_s", 1e-6)
-    seen = []
+    seen, bounds = [], []  # each step's batch; half a decode step in prompt tokens, as costs stood
     schedule = engine.scheduler.schedule
-    monkeypatch.setattr(engine.scheduler, "schedule", lambda cap=None: seen.append(schedule(cap)) or seen[-1])
+
+    def recorded(cap=None):
+        costs, decodes = engine.step_costs, engine.scheduler.num_decoding()
+        if decodes and costs.prompt_cost() and costs.decode_step_s(decodes) is not None:
+            bounds.append(max(MIN_PROMPT_TOKENS_PER_STEP,
+                              UNREACHABLE_SHARE * costs.decode_step_s(decodes) / costs.prompt_cost()[1]))
+        else:
+            bounds.append(None)  # nothing measured yet: no cap
+        seen.append(schedule(cap))
+        return seen[-1]
+
+    monkeypatch.setattr(engine.scheduler, "schedule", recorded)
     engine.add_request(short, greedy, request_id="budget-short")
     for _ in range(3):
         engine.step()
@@ -108,11 +119,13 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
         results.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
     for rid in ("budget-short", "budget-long"):  # the engine is shared: leave nothing behind
         engine.release(rid)
-    beside_decodes = [b.num_tokens - len(b.decodes) for b in seen[3:] if b.decodes and b.prefills]
-    assert len(beside_decodes) >= 3, "the long prompt should have run in several chunks"
-    costs = engine.step_costs  # the objective is unreachable: half a measured decode step at most
-    allowed = max(MIN_PROMPT_TOKENS_PER_STEP, UNREACHABLE_SHARE * costs.decode_step_s(2) / costs.prefill_s_per_token)
-    assert max(beside_decodes) <= allowed + 1
+    beside = [(b.num_tokens - len(b.decodes), bound) for b, bound in zip(seen[3:], bounds[3:])
+              if b.decodes and b.prefills]
+    assert len(beside) >= 3, "the long prompt should have run in several chunks"
+    # the objective is unreachable: half a measured decode step at most, never a wait
+    assert all(bound is not None and tokens <= bound + 1 for tokens, bound in beside), beside
+    carried = [bool(b.prefills) for b in seen[3:]]
+    assert carried == sorted(carried, reverse=True), "every step carried the prompt until it was in"
     alone = [out.token_ids for out in engine.generate([short, long], greedy)]
     assert [results["budget-short"], results["budget-long"]] == alone
 
@@ -155,6 +168,8 @@ def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monke
         for _ in range(3):
             engine.step()
         monkeypatch.setattr(engine, "step_costs", costs_of(0.02, 0.005, 0.001))  # 1 decode: 25 ms
+        assert engine._prefill_cap() is None  # no prompt waiting: nothing to cap
+        engine.add_request("A waiting prompt " * 40, SamplingParams(max_tokens=1), request_id="waiting")
         seq = engine.sequences["paced"]
         started, tokens = seq.paced_from
         assert tokens == 1 and started == pytest.approx(seq.first_token_time)
@@ -167,5 +182,84 @@ def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monke
         assert engine._prefill_cap() == pytest.approx(expected, abs=2)
         assert expected > 75
     finally:
-        engine.abort("paced")
-        engine.release("paced")
+        for rid in ("paced", "waiting"):
+            engine.abort(rid)
+            engine.release(rid)
+
+
+def costs_with_fixed(fixed_s: float, per_token_s: float, decode_s: float = 0.01) -> StepCosts:
+    """Decode steps of `decode_s` a sequence; prompt chunks of several sizes costing F + s·P."""
+    costs = StepCosts()
+    for b in (1, 2, 4, 8):
+        costs.observe(b, 0, decode_s * b)
+    for b, p in ((2, 16), (3, 64), (1, 128), (2, 256)):
+        costs.observe(b, p, decode_s * b + fixed_s + per_token_s * p)
+    return costs
+
+
+def test_prompt_cost_separates_a_fixed_part_from_the_cost_per_token():
+    fixed, per_token = costs_with_fixed(0.06, 0.001).prompt_cost()
+    assert fixed == pytest.approx(0.06, rel=0.01) and per_token == pytest.approx(0.001, rel=0.01)
+    one_size = StepCosts()
+    for _ in range(4):
+        one_size.observe(0, 64, 0.128)
+    assert one_size.prompt_cost() == (0.0, pytest.approx(0.002))  # F cannot be told apart
+    assert StepCosts().prompt_cost() is None
+
+
+def test_a_chunk_too_small_for_its_fixed_cost_waits_for_saved_time():
+    costs = costs_with_fixed(0.06, 0.001)  # 3 decodes take 30 ms; a chunk adds 60 ms + 1 ms a token
+    budget = dict(tpot_objective_s=0.1, decodes=3, costs=costs, ceiling=2048, wanted=500)
+    # at the objective only 10 tokens fit: a third of a worthwhile chunk (2F/s = 120): wait
+    assert prefill_token_budget(**budget, allowance_s=0.1) == 0
+    # once the decodes have saved 150 ms more, one chunk of 160 tokens
+    assert prefill_token_budget(**budget, allowance_s=0.25) == pytest.approx(160, abs=2)
+    # a prompt that fits whole runs at once; so does one that has waited the longest step
+    assert prefill_token_budget(**{**budget, "wanted": 8}, allowance_s=0.1) == MIN_PROMPT_TOKENS_PER_STEP
+    assert prefill_token_budget(**budget, allowance_s=0.1, deferred_s=0.4) == MIN_PROMPT_TOKENS_PER_STEP
+    # without a fixed cost nothing is gained by waiting
+    linear = costs_with_fixed(0.0, 0.001)
+    assert prefill_token_budget(0.1, 3, linear, ceiling=2048, wanted=500, allowance_s=0.1) == pytest.approx(70, abs=2)
+
+
+class FrozenCosts(StepCosts):
+    """Step costs that the engine's own steps do not move."""
+
+    def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
+        pass
+
+
+def test_the_engine_holds_a_prompt_back_for_a_worthwhile_chunk_and_not_for_long(engine_fp32, monkeypatch):
+    from baton.engine.sampling import SamplingParams
+
+    engine = engine_fp32
+    monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    engine.add_request("Waiting:", SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), request_id="dec")
+    try:
+        for _ in range(2):
+            engine.step()
+        frozen, measured = FrozenCosts(), costs_with_fixed(0.06, 0.001)
+        frozen._decode_steps, frozen._prompt_steps = measured._decode_steps, measured._prompt_steps
+        monkeypatch.setattr(engine, "step_costs", frozen)  # 1 decode: 10 ms; a chunk: 60 ms + 1 ms a token
+        engine.add_request("A long waiting prompt " * 40, SamplingParams(max_tokens=1), request_id="held")
+        seq = engine.sequences["dec"]
+
+        def nothing_saved():
+            seq.paced_from = (time.monotonic() - 0.1 * (seq.num_completion_tokens - 1), 1)
+
+        nothing_saved()
+        assert engine._prefill_cap() == 0
+        before = engine.sequences["held"].num_computed_tokens
+        engine.step()  # decodes only: the prompt waits
+        assert engine.sequences["held"].num_computed_tokens == before
+        assert engine._prompts_deferred_since is not None
+        engine._prompts_deferred_since -= 0.4  # as long as the longest allowed step: no more waiting
+        nothing_saved()
+        assert engine._prefill_cap() == pytest.approx(30, abs=1)  # what fits in the objective now
+        engine.step()
+        assert engine.sequences["held"].num_computed_tokens > before
+        assert engine._prompts_deferred_since is None
+    finally:
+        for rid in ("dec", "held"):
+            engine.abort(rid)
+            engine.release(rid)

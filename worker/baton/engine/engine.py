@@ -59,6 +59,7 @@ class Engine:
         self._ids = itertools.count()
         self.stats = EngineStats()
         self.step_costs = StepCosts()
+        self._prompts_deferred_since: float | None = None  # prompts waiting for a worthwhile chunk
 
     @property
     def failure(self) -> str | None:
@@ -220,7 +221,12 @@ class Engine:
 
         A failure is charged to the sequences that cause it: the batch is re-run one
         sequence at a time, those that fail alone end with the error, the others go on."""
-        batch = self.scheduler.schedule(self._prefill_cap())
+        cap = self._prefill_cap()
+        batch = self.scheduler.schedule(cap)
+        if cap == 0 and self._prompts_deferred_since is None:
+            self._prompts_deferred_since = time.monotonic()
+        elif batch.prefills:
+            self._prompts_deferred_since = None
         outputs = []
         for seq in batch.out_of_kv:
             self._finish(seq, "length")
@@ -244,17 +250,20 @@ class Engine:
         return outputs
 
     def _prefill_cap(self) -> int | None:
-        decoding = self.scheduler.decoding()
-        if not decoding:
+        """Prompt tokens the next step may carry (None: no cap); see step_budget.py."""
+        decoding, objective = self.scheduler.decoding(), self.config.tpot_objective_s
+        wanted = sum(seq.num_uncomputed_tokens for seq in self.scheduler.waiting)
+        wanted += sum(seq.num_uncomputed_tokens for seq in self.scheduler.running if seq.in_prefill)
+        if not decoding or not wanted or not objective:
+            self._prompts_deferred_since = None
             return None
-        objective, allowance = self.config.tpot_objective_s, None
-        if objective:
-            now = time.monotonic()
-            paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])
-                     for seq in decoding if seq.paced_from is not None]
-            allowance = step_allowance_s(objective, paces)
-        return prefill_token_budget(objective, len(decoding), self.step_costs,
-                                    self.config.max_num_batched_tokens, allowance_s=allowance)
+        now = time.monotonic()
+        paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])
+                 for seq in decoding if seq.paced_from is not None]
+        deferred = now - self._prompts_deferred_since if self._prompts_deferred_since is not None else 0.0
+        return prefill_token_budget(objective, len(decoding), self.step_costs, self.config.max_num_batched_tokens,
+                                    allowance_s=step_allowance_s(objective, paces), wanted=wanted,
+                                    deferred_s=deferred)
 
     def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:
         """Run and sample a batch; a sequence's state changes only once both succeeded, so a

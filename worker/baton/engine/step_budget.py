@@ -12,6 +12,9 @@ step by step (`step_allowance_s`). Decode-only steps faster than T save time tha
 step may spend on a larger prompt chunk. Where any step with prompt tokens has a large fixed
 cost (a CPU dequantizing weight tiles for it), many small chunks would each pay it, and the
 decodes would run near T on every step, where a few larger chunks keep their mean well under T.
+So the prompt cost is fitted as a line, g(P) = F + s·P, and while what fits now is a chunk
+too small to be worth its fixed part F, the prompt waits a step or two (decode-only steps
+refill what the decodes have saved) and then runs in one worthwhile chunk.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ class StepCosts:
 
     def __init__(self, window: int = 64, alpha: float = 0.2):
         self._decode_steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._prompt_steps: deque[tuple[int, float]] = deque(maxlen=window)  # (P, seconds beyond decodes)
         self._alpha = alpha
-        self.prefill_s_per_token: float | None = None
+        self.prefill_s_per_token: float | None = None  # smoothed mean: what a local prompt token costs
 
     def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
         if seconds <= 0 or not math.isfinite(seconds) or decodes + prompt_tokens <= 0:
@@ -39,10 +43,14 @@ class StepCosts:
         if prompt_tokens == 0:
             self._decode_steps.append((decodes, seconds))
             return
-        decode_part = self.decode_step_s(decodes) if decodes else 0.0
+        # the step's own overhead too (t_dec(0), the line's intercept): g(P) is what the
+        # prompt tokens add to a step that would run anyway
+        decode_part = self.decode_step_s(decodes) if decodes or self._decode_steps else 0.0
         if decode_part is None:
             return
-        sample = max(seconds - decode_part, 0.0) / prompt_tokens
+        extra = max(seconds - decode_part, 0.0)
+        self._prompt_steps.append((prompt_tokens, extra))
+        sample = extra / prompt_tokens
         old = self.prefill_s_per_token
         self.prefill_s_per_token = sample if old is None else (1 - self._alpha) * old + self._alpha * sample
 
@@ -58,10 +66,31 @@ class StepCosts:
         mean_t = sum(t for _, t in points) / n
         var_b = sum((b - mean_b) ** 2 for b, _ in points)
         if var_b < 1e-9:
-            return mean_t * max(decodes, 1) / max(mean_b, 1)
+            return mean_t * decodes / max(mean_b, 1)
         slope = max(sum((b - mean_b) * (t - mean_t) for b, t in points) / var_b, 0.0)
         intercept = max(mean_t - slope * mean_b, 0.0)
         return intercept + slope * decodes
+
+
+    def prompt_cost(self) -> tuple[float, float] | None:
+        """(F, s): a step's prompt tokens cost F + s·P seconds beyond its decodes; least
+        squares over recent steps with F ≥ 0. Chunks all of about one size cannot tell F
+        from s: then F = 0 (every second per token, an over-estimate for larger chunks)."""
+        points = list(self._prompt_steps)
+        if not points:
+            return None
+        total_p = sum(p for p, _ in points)
+        through_origin = sum(p * t for p, t in points) / sum(p * p for p, _ in points)
+        n = len(points)
+        mean_p, mean_t = total_p / n, sum(t for _, t in points) / n
+        var_p = sum((p - mean_p) ** 2 for p, _ in points)
+        if var_p <= (0.1 * mean_p) ** 2 * n:
+            return 0.0, through_origin
+        slope = sum((p - mean_p) * (t - mean_t) for p, t in points) / var_p
+        fixed = mean_t - slope * mean_p
+        if slope <= 0 or fixed < 0:
+            return 0.0, through_origin
+        return fixed, slope
 
 
 def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]) -> float:
@@ -78,17 +107,34 @@ def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]
 
 def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: StepCosts,
                          ceiling: int, floor: int = MIN_PROMPT_TOKENS_PER_STEP,
-                         allowance_s: float | None = None) -> int:
+                         allowance_s: float | None = None, wanted: int | None = None,
+                         deferred_s: float = 0.0) -> int:
     """Prompt tokens the next step may carry next to `decodes` running decodes, in a step of
-    at most `allowance_s` (default: the objective itself; see `step_allowance_s`)."""
+    at most `allowance_s` (default: the objective itself; see `step_allowance_s`). `wanted`:
+    the prompt tokens waiting; `deferred_s`: how long they have waited for a worthwhile
+    chunk. 0 means wait: decode-only steps first, then a chunk worth its fixed cost; never
+    longer than the longest allowed step (fresh decodes, which have saved nothing yet, could
+    otherwise hold prompts back step after step)."""
     if not tpot_objective_s or decodes == 0:
         return ceiling
     t_dec = costs.decode_step_s(decodes)
-    s_tok = costs.prefill_s_per_token
-    if t_dec is None or not s_tok:
+    cost = costs.prompt_cost()
+    if t_dec is None or cost is None:
         return ceiling
-    fit = (max(allowance_s or 0.0, tpot_objective_s) - t_dec) / s_tok
-    # decodes alone past the objective: it is lost either way, and starving prompts would
-    # only trade it for unbounded time to first token; prompts may add half a decode step
-    overloaded = UNREACHABLE_SHARE * t_dec / s_tok
-    return int(min(max(fit, overloaded if fit <= 0 else 0, floor), ceiling))
+    fixed, per_token = cost
+
+    def fit(seconds: float) -> float:
+        return (seconds - t_dec - fixed) / per_token
+
+    most = fit(MAX_BANKED_OBJECTIVES * tpot_objective_s)  # what the longest allowed step holds
+    if most < floor:
+        # decodes alone (nearly) past the objective: it is lost either way, and starving
+        # prompts would only trade it for unbounded time to first token; prompts may add
+        # half a decode step
+        return int(min(max(UNREACHABLE_SHARE * t_dec / per_token, floor), ceiling))
+    now = fit(max(allowance_s or 0.0, tpot_objective_s))
+    # a chunk whose fixed part is at most a third of its cost; less is worth waiting for
+    worthwhile = min(2 * fixed / per_token, most, wanted if wanted is not None else ceiling, ceiling)
+    if now < worthwhile and deferred_s < MAX_BANKED_OBJECTIVES * tpot_objective_s:
+        return 0
+    return int(min(max(now, floor), ceiling))
