@@ -12,6 +12,7 @@ from baton.autoscaler.inputs import Action, Decision, PolicyConfig
 from baton.autoscaler.instruments import metrics_for
 from baton.autoscaler.loop import decision_record
 from baton.local.controller_http import ControllerServer, DecisionLog, decision_line
+from baton.local.supervisor import Liveness
 from baton.local.up import add_arguments, autoscale_settings, spec_from_args
 
 
@@ -75,3 +76,14 @@ def test_decisions_and_metrics_over_http():
     assert last["explanation"].startswith("convert one decode worker")
     assert 'baton_autoscaler_decisions_total{action="hold",deployment="local"} 0.0' in text
     assert missing.status_code == 404
+
+
+def test_liveness_probe_settings_reach_the_stack_and_bad_ones_name_the_flag():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert spec_from_args(parser.parse_args([])).liveness == Liveness()
+    spec = spec_from_args(parser.parse_args(["--liveness-period", "1", "--liveness-failures", "2"]))
+    assert spec.liveness == Liveness(period_s=1.0, timeout_s=1.0, failures=2)
+    for bad in (["--liveness-period", "0"], ["--liveness-failures", "0"]):
+        with pytest.raises(ValueError, match="--liveness-period must be positive"):
+            spec_from_args(parser.parse_args(bad))

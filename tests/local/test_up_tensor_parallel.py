@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 WORKERS_LINE = re.compile(r"workers: prefill@(http://\S+), decode@(http://\S+), decode@(http://\S+);")
 PROMPTS = [[5, 17, 33, 200, 7], list(range(3, 60)), [9] * 30, [100, 101, 102]]
 MAX_TOKENS = 24
-RESTARTED_WITHIN_S = 90  # three failed liveness probes 5 s apart, the back-off, a fresh start
+RESTARTED_WITHIN_S = 90  # three failed liveness probes 1.5 s apart, the back-off, a fresh start
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,8 @@ def reference(tiny) -> list[str]:
 def stack(tiny, tmp_path_factory):
     up = UpProcess(["--prefill", "1", "--decode", "2", "--prefill-tp", "1", "--decode-tp", "2",
                     "--port", "0", "--model", str(tiny), "--disagg-threshold", "0",
-                    "--worker-arg=--dtype=float32", "--worker-arg=--num-kv-blocks=64"],
+                    "--worker-arg=--dtype=float32", "--worker-arg=--num-kv-blocks=64",
+                    "--liveness-period", "1.5"],
                    tmp_path_factory.mktemp("up-tp"), env={"BATON_INTERNAL_TOKEN": TOKEN})
     started: list = []
     try:

@@ -20,7 +20,7 @@ import httpx
 from baton.local.plan import WorkerPlan, plan_roles, plan_workers, ray_cpus, worker_args
 from baton.local.process_actor import ServerProcess
 from baton.local.restart import Backoff
-from baton.local.supervisor import Supervisor
+from baton.local.supervisor import Liveness, Supervisor
 
 WORKER_MODULE = "baton.server.main"
 ROUTER_MODULE = "baton.router.main"
@@ -45,6 +45,7 @@ class StackSpec:
     ready_timeout_s: float = 300.0
     restart: bool = True  # restart a server process that exits, as a kubelet does
     backoff: Backoff = field(default_factory=Backoff)
+    liveness: Liveness = field(default_factory=Liveness)
 
 
 @dataclass
@@ -126,7 +127,7 @@ class LocalStack:
             self.stop()
             raise
         if self.spec.restart:
-            self.supervisor = Supervisor(self.spec.backoff, self.say)
+            self.supervisor = Supervisor(self.spec.backoff, self.say, liveness=self.spec.liveness)
             for server in [*self.workers, self.router]:
                 label = server.name if server is self.router else f"{server.name} ({server.role})"
                 self.supervisor.watch(label, ActorProcess(server.actor), server.url + "/ready",

@@ -9,6 +9,7 @@ import threading
 
 from baton.autoscaler.inputs import PolicyConfig
 from baton.local.runtime import LocalStack, StackSpec
+from baton.local.supervisor import Liveness
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"ttft={PolicyConfig.ttft_slo_s:g}s,tpot={PolicyConfig.tpot_slo_s * 1e3:g}ms)")
     group.add_argument("--controller-port", type=int, default=0,
                        help="port of the controller's /decisions and /metrics (0: any free one)")
+    parser.add_argument("--liveness-period", type=float, default=Liveness.period_s, metavar="SECONDS",
+                        help="seconds between liveness probes of each server (/health, as a pod's "
+                             "periodSeconds)")
+    parser.add_argument("--liveness-failures", type=int, default=Liveness.failures, metavar="N",
+                        help="failed probes in a row before a server is restarted (failureThreshold)")
     parser.add_argument("--no-restart", action="store_true",
                         help="leave a server process that exits down (default: restart it with back-off, "
                              "as a kubelet does)")
@@ -74,8 +80,15 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
                      worker_args=extra + list(args.worker_arg), router_args=list(args.router_arg),
-                     log_dir=args.log_dir,
-                     restart=not args.no_restart)
+                     log_dir=args.log_dir, restart=not args.no_restart, liveness=liveness_from_args(args))
+
+
+def liveness_from_args(args: argparse.Namespace) -> Liveness:
+    if not args.liveness_period > 0 or args.liveness_failures < 1:
+        raise ValueError(f"--liveness-period must be positive and --liveness-failures at least 1, got "
+                         f"{args.liveness_period:g} and {args.liveness_failures}")
+    return Liveness(period_s=args.liveness_period, timeout_s=min(Liveness.timeout_s, args.liveness_period),
+                    failures=args.liveness_failures)
 
 
 def autoscale_settings(args: argparse.Namespace):
@@ -115,11 +128,12 @@ def run(args: argparse.Namespace) -> int:
     catch_stop_signals(stop)
     try:
         settings = autoscale_settings(args) if args.autoscale else None
+        spec = spec_from_args(args)
     except ValueError as e:
         print(f"baton up: {e}", file=sys.stderr)
         return 2
     print(cpu_line(), flush=True)
-    stack = LocalStack(spec_from_args(args))
+    stack = LocalStack(spec)
     try:
         stack.start()
     except (RuntimeError, TimeoutError, ValueError) as e:
