@@ -128,13 +128,17 @@ def assert_matches_over_a_bf16_cache(records) -> None:
     """fp32 activations over a bf16 cache: both paths read the same rounded rows and compute
     in fp32; a new row's fp32 sums, added in other orders, may round one bf16 step apart
     (0.4%), and a row one step apart moves every later layer a little (logits ~3e-3 apart
-    where an fp32 cache keeps them within 2e-4)."""
+    where an fp32 cache keeps them within 2e-4). Most sums round alike: over all the steps'
+    new rows, not always within one step of a single row, where one early row moves the rest."""
+    alike = []
     for native_logits, torch_logits, native_kv, torch_kv in records:
         assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
         torch.testing.assert_close(native_logits, torch_logits, atol=1e-2, rtol=1e-3)
         torch.testing.assert_close(native_kv, torch_kv, atol=2e-2, rtol=2e-2)
-        assert native_kv.eq(torch_kv).float().mean() > 0.97  # most sums round alike
+        alike.append(native_kv.eq(torch_kv).float().mean())
+        assert alike[-1] > 0.9
         assert torch.equal(native_kv, native_kv.bfloat16().float())  # stored rounded
+    assert sum(alike) / len(alike) > 0.97
 
 
 def test_fp32_step_over_a_bf16_cache_matches_the_torch_path():

@@ -100,6 +100,10 @@ def test_an_unseeded_token_follows_the_probabilities_and_is_never_a_zero_one():
     # all the mass at either end, and a total other than 1
     assert {draw_inverse_cdf(torch.tensor([0.0, 0.0, 3.0])) for _ in range(200)} == {2}
     assert {draw_inverse_cdf(torch.tensor([2.0, 0.0, 0.0])) for _ in range(200)} == {0}
+    # probabilities that cannot be sampled (a NaN temperature, all masked) are refused by name
+    for bad in (torch.tensor([0.5, float("nan")]), torch.zeros(3)):
+        with pytest.raises(ValueError, match="cannot sample from probabilities"):
+            draw_inverse_cdf(bad)
     # through sample(): a row with one token left after top-k always gives that token
     logits = torch.randn(VOCAB)
     top = int(logits.argmax())

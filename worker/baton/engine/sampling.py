@@ -111,7 +111,10 @@ def draw_inverse_cdf(probs: torch.Tensor) -> int:
     at batch 8). The draw is taken in (0, total], so the first running sum to reach it
     belongs to a token of non-zero probability."""
     running = probs.float().cumsum(-1)
-    target = (1.0 - torch.rand(1, device=running.device)) * running[-1]
+    total = float(running[-1])
+    if not math.isfinite(total) or total <= 0:  # NaN or inf logits, a bad temperature
+        raise ValueError(f"cannot sample from probabilities that sum to {total}")
+    target = (1.0 - torch.rand(1, device=running.device)) * total
     return int(torch.searchsorted(running, target).clamp_(max=running.numel() - 1))
 
 
