@@ -1,11 +1,12 @@
 """How many prompt tokens a step may carry while decodes run, so that those decodes keep
 their time-per-output-token objective.
 
-A step with B decodes and P prompt tokens takes about t_dec(B) + P·s_tok. With a TPOT
-objective T the prompt tokens that fit are P = (T − t_dec(B)) / s_tok. Both costs are
-measured from the steps this engine runs: decode-only steps give t_dec (a line through
-recent (B, seconds) points), steps with prompt tokens give s_tok once t_dec is known. Until
-both are measured no cap applies: a cold worker never guesses a budget.
+A step with B decodes and P prompt tokens takes about t_dec(B) + g(P), g(P) = F + s·P. In a
+step of at most A seconds the prompt tokens that fit are P = (A − t_dec(B) − F) / s. Both
+costs are measured from the steps this engine runs: decode-only steps give t_dec (a line
+through recent (B, seconds) points), steps with prompt tokens give g (a line through recent
+(P, seconds beyond t_dec) points) once t_dec is known. Until both are measured no cap
+applies: a cold worker never guesses a budget.
 
 T bounds each decode's time per output token as TPOT counts it: over its tokens so far, not
 step by step (`step_allowance_s`). Decode-only steps faster than T save time that a later
@@ -14,7 +15,8 @@ cost (a CPU dequantizing weight tiles for it), many small chunks would each pay 
 decodes would run near T on every step, where a few larger chunks keep their mean well under T.
 So the prompt cost is fitted as a line, g(P) = F + s·P, and while what fits now is a chunk
 too small to be worth its fixed part F, the prompt waits a step or two (decode-only steps
-refill what the decodes have saved) and then runs in one worthwhile chunk.
+refill what the decodes have saved) and then runs in one worthwhile chunk. A is the
+objective T itself for a decode that has saved nothing.
 """
 
 from __future__ import annotations
@@ -70,7 +72,6 @@ class StepCosts:
         slope = max(sum((b - mean_b) * (t - mean_t) for b, t in points) / var_b, 0.0)
         intercept = max(mean_t - slope * mean_b, 0.0)
         return intercept + slope * decodes
-
 
     def prompt_cost(self) -> tuple[float, float] | None:
         """(F, s): a step's prompt tokens cost F + s·P seconds beyond its decodes; least
