@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from machine_info import machine_record
-from serving_servers import ROOT, baton_up, vllm_bench_serve, vllm_serve
+from serving_servers import ROOT, baton_up, remove_dist_alias, vllm_bench_serve, vllm_serve
 
 from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
@@ -109,6 +109,7 @@ def main() -> None:
     work = ROOT / "bench/.cache/serving"
     work.mkdir(parents=True, exist_ok=True)
     venv, model_dir = Path(args.vllm_venv), hf_folder(ROOT / "bench/.cache")
+    remove_dist_alias(venv)  # one an interrupted run left would stop vLLM from starting
     dtype, _ = auto_cpu_dtype(this_cpu())  # vLLM serves full-precision weights
     vllm_dtype = args.vllm_dtype or dtype
     load = {"input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
