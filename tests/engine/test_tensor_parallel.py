@@ -132,18 +132,21 @@ def test_smollm2_at_tp3_is_token_identical_to_one_process(engine_fp32):
 def test_smollm2_quantized_at_tp3_keeps_its_blocks_and_the_tokens_of_one_process():
     """`--quantization auto` under TP: each rank holds its slice of the GGUF blocks (a third
     of the bytes) and runs them on the native kernels. A row-parallel product quantizes its
-    input slice by slice, so logits move a little; the greedy tokens do not."""
+    input slice by slice, so logits move a little; the greedy tokens do not. The engine
+    regroups from one process: rank 0 cuts its blocks from the ones it held (rearranged for
+    the kernels), ranks 1 and 2 from the checkpoint's."""
     from baton.engine.quant.weight import QuantizedWeight
 
     prompts = ["The quick brown fox", "def fibonacci(n):"]
-    one = make_engine(quantization="auto", num_kv_blocks=64, threads=1)
-    reference = generate_recording_logits(one, prompts, 12)
-    held = sum(m.nbytes for m in one.runner.model.modules() if isinstance(m, QuantizedWeight))
-    engine = make_engine(quantization="auto", tensor_parallel_size=3, num_kv_blocks=64, threads=1)
+    engine = make_engine(quantization="auto", num_kv_blocks=64, threads=1)
     try:
+        reference = generate_recording_logits(engine, prompts, 12)
+        quantization = engine.runner.quantization
+        held = sum(m.nbytes for m in engine.runner.model.modules() if isinstance(m, QuantizedWeight))
+        assert engine.regroup(3, 64) == "resliced"
         local = engine.runner.local
         sliced = [m for m in local.model.modules() if isinstance(m, QuantizedWeight)]
-        assert len(sliced) == 121 and local.quantization == one.runner.quantization  # the same kernels
+        assert len(sliced) == 121 and local.quantization == quantization  # the same kernels
         assert sum(m.nbytes for m in sliced) < 0.4 * held
         tokens, steps = generate_recording_logits(engine, prompts, 12)
     finally:
@@ -215,12 +218,12 @@ def test_regrouping_moves_an_engine_between_sizes_and_a_failed_one_changes_nothi
         with pytest.raises(ValueError, match="tensor-parallel size 3 does not divide the model's 8 query heads"):
             engine.regroup(3, 96)
         assert engine.config.tensor_parallel_size == 1 and engine.runner.num_blocks == 96
-        engine.regroup(2, 48)
+        assert engine.regroup(2, 48) == "resliced"  # rank 0 cuts its half from the whole model
         old_runner = engine.runner
         assert engine.config.tensor_parallel_size == 2 and len(engine.runner.procs) == 1
         assert engine.runner.num_blocks == engine.blocks.num_blocks == 48
         assert_same_run(generate_recording_logits(engine, TINY_PROMPTS, TINY_TOKENS), tiny_reference)
-        engine.regroup(1, 96)
+        assert engine.regroup(1, 96) == "reloaded"  # half the model cannot grow into all of it
         assert old_runner.procs == []  # the old group's ranks stopped
         assert_same_run(generate_recording_logits(engine, TINY_PROMPTS, TINY_TOKENS), tiny_reference)
     finally:

@@ -84,6 +84,7 @@ def test_a_tp2_prefill_worker_becomes_a_tp1_decode_worker_and_back(workers, refe
     assert streamed["token_ids"][: GREEDY["max_tokens"]] == reference[1]
     state = p2.state()
     assert switched["tensor_parallel_size"] == 1 and state["tensor_parallel_size"] == 1
+    assert switched["weights"] == "reloaded"  # one rank needs the heads the other held
     assert state["role"] == "decode" and state["state"] == "active" and state["rank_pids"] == []
     # one rank now holds all 4 KV heads where each held 2: half the blocks in the same memory,
     # then the decode shape (4x a prefill pool)
@@ -93,6 +94,7 @@ def test_a_tp2_prefill_worker_becomes_a_tp1_decode_worker_and_back(workers, refe
     back = _switch(p2, "prefill", 2)
     state = p2.state()
     assert back["tensor_parallel_size"] == 2 and len(state["rank_pids"]) == 1
+    assert back["weights"] == "resliced"  # rank 0 keeps half of what it held
     assert state["role"] == "prefill" and state["num_blocks"] == prefill_blocks
     _assert_reference(_handoffs(p2, d1), reference)
     assert d1.wait_free_blocks(POOL) == POOL  # nothing left reserved on the decode side

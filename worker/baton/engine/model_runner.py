@@ -14,7 +14,7 @@ from baton.engine.cpu_features import this_cpu
 from baton.engine.kernels import compute_prompt_attention_in, get_ops
 from baton.engine.models.llama import LlamaModel
 from baton.engine.native.decoder import NativeDecoder
-from baton.engine.parallel.shards import RankShard, local_config
+from baton.engine.parallel.shards import RankShard, local_config, within
 from baton.engine.parallel.weight_shards import shard_tensors
 from baton.engine.quant.placement import place_quantized, prompt_dtype
 from baton.engine.scheduler import ScheduledBatch
@@ -37,11 +37,12 @@ def kv_pool_blocks(config: EngineConfig, model_config: ModelConfig, kv_dtype: to
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, tensors, device, dtype,
                  shard: RankShard | None = None, comm=None, num_blocks: int | None = None,
-                 kv_dtype: torch.dtype | None = None):
+                 kv_dtype: torch.dtype | None = None, held: RankShard | None = None):
         """`shard`/`comm`: run one tensor-parallel rank's slice (model_config is then that
         slice's; the whole model's stays in `full_config`). `num_blocks`: the KV pool size
         (default: from the config), which every rank of a group must share. `kv_dtype`: the
-        cache's dtype (default: the activations')."""
+        cache's dtype (default: the activations'). `held`: the slice `tensors` hold, when they
+        are not the whole model (a regrouped rank's old slice, which `shard` must lie in)."""
         self.config, self.full_config = config, model_config
         self.model_config = model_config if shard is None else local_config(model_config, shard)
         self.shard = shard
@@ -52,7 +53,7 @@ class ModelRunner:
         max_len = config.max_model_len or model_config.max_position_embeddings
         self.model = LlamaModel(self.model_config, self.ops, dtype, max_positions=max_len)
         if shard is not None:
-            tensors = shard_tensors(tensors, model_config.head_dim, shard)
+            tensors = shard_tensors(tensors, model_config.head_dim, shard if held is None else within(shard, held))
         load_weights(self.model, tensors)
         self.model.to(device)
         self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)

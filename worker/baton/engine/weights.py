@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -33,9 +33,7 @@ _IGNORED = ("rotary_emb.inv_freq",)
 def load_weights(model: LlamaModel, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Fill every parameter of `model`; fail naming any tensor that is missing or misshapen."""
     cfg = model.cfg
-    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-    fused_rows = {"qkv": [0, q, q + kv, q + 2 * kv], "qkv_bias": [0, q, q + kv, q + 2 * kv],
-                  "gate_up": [0, inter, 2 * inter]}
+    fused_rows = _fused_rows(cfg)
     filled: set[str] = set()
     quantized: dict[tuple[nn.Module, str], dict[int, QuantizedTensor]] = {}  # (owner, name) -> slot -> part
     for name, tensor in tensors:
@@ -55,6 +53,13 @@ def load_weights(model: LlamaModel, tensors: Iterable[tuple[str, torch.Tensor]])
     _check_complete(model, filled)
     for (owner, param_name), slots in quantized.items():
         _use_quantized(model, owner, param_name, slots)
+
+
+def _fused_rows(cfg) -> dict[str, list[int]]:
+    """Where each HF matrix's rows start and end in a fused one."""
+    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    return {"qkv": [0, q, q + kv, q + 2 * kv], "qkv_bias": [0, q, q + kv, q + 2 * kv],
+            "gate_up": [0, inter, 2 * inter]}
 
 
 def _owner(model: LlamaModel, name: str) -> tuple[nn.Module, str, int]:
@@ -116,3 +121,35 @@ def _check_complete(model: LlamaModel, filled: set[str]) -> None:
     missing = sorted(expected - filled)
     if missing:
         raise ValueError(f"weights file lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def model_tensors(model: LlamaModel) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """The inverse of load_weights: the HF-named tensors `model` holds now (views of its
+    dense parameters; quantized matrices as the checkpoint's blocks). A tensor-parallel rank
+    that keeps part of its slice on a regroup loads its new slice from these."""
+    cfg = model.cfg
+    fused_rows = _fused_rows(cfg)
+    yield "model.embed_tokens.weight", _whole(model.embed)
+    yield "model.norm.weight", model.norm.data
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", _whole(model.lm_head)
+    for i, layer in enumerate(model.layers):
+        for suffix, (param_name, slot) in _LAYER_MAP.items():
+            param = getattr(layer, param_name)
+            if param is None:
+                continue
+            name = f"model.layers.{i}.{suffix}"
+            if slot is None:
+                yield name, _whole(param)
+                continue
+            first, end = fused_rows[param_name][slot : slot + 2]
+            if isinstance(param, QuantizedWeight):
+                yield name, param.checkpoint_rows(first, end - first)
+            else:
+                yield name, param.data[first:end]
+
+
+def _whole(param) -> torch.Tensor | QuantizedTensor:
+    if isinstance(param, QuantizedWeight):
+        return param.checkpoint_rows(0, param.shape[0])
+    return param.data

@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 
 class Lifecycle:
     def __init__(self, async_engine, migrator, metrics, *, role: str, start_shape: PoolShape, peers: list[str],
-                 regroup: Callable[[int, PoolShape], Awaitable[PoolShape]] | None = None):
+                 regroup: Callable[[int, PoolShape], Awaitable[tuple[PoolShape, str]]] | None = None):
         self.ae = async_engine
-        # regroup(size, start_shape) -> start_shape for the new group (worker.py)
+        # regroup(size, start_shape) -> (start_shape for the new group, how rank 0 got its
+        # weights) (worker.py)
         self.regroup = regroup
         self.migrator = migrator
         self.metrics = metrics
@@ -93,7 +94,8 @@ class Lifecycle:
 
     async def switch_role(self, role: str, tensor_parallel_size: int | None = None) -> dict:
         """Reshard into `role` (and onto `tensor_parallel_size` ranks, if given): only with
-        nothing in flight. Weights are reloaded only when the number of ranks changes."""
+        nothing in flight. Weights are touched only when the number of ranks changes (the
+        answer's `weights` says how rank 0 got its new slice)."""
         if self.state == RESHARDING:
             raise conflict("a role switch is already in progress", "resharding")
         shape = shape_for_role(role, self.start_role, self.start_shape)
@@ -108,8 +110,9 @@ class Lifecycle:
             busy = await self.busy_count()
             if busy:
                 raise conflict(f"{busy} requests still in flight: drain first", "not_drained")
+            weights = "kept"  # the same ranks keep the weights they hold
             if regroup:
-                self.start_shape = await self.regroup(tensor_parallel_size, self.start_shape)
+                self.start_shape, weights = await self.regroup(tensor_parallel_size, self.start_shape)
                 shape = shape_for_role(role, self.start_role, self.start_shape)
             await self.ae.call(
                 lambda e: e.reconfigure(role, shape.num_kv_blocks, shape.max_num_batched_tokens, shape.chunk_size),
@@ -129,5 +132,5 @@ class Lifecycle:
         self.metrics.set_role(role)
         self.state = ACTIVE
         return {"role": role, "state": self.state, "num_kv_blocks": shape.num_kv_blocks,
-                "tensor_parallel_size": self.ae.engine.config.tensor_parallel_size,
+                "tensor_parallel_size": self.ae.engine.config.tensor_parallel_size, "weights": weights,
                 "max_num_batched_tokens": shape.max_num_batched_tokens, "chunk_size": shape.chunk_size}

@@ -107,9 +107,10 @@ class Worker:
 
         runner.on_kv_event = on_rank_event
 
-    async def _regroup(self, size: int, start_shape: PoolShape) -> PoolShape:
+    async def _regroup(self, size: int, start_shape: PoolShape) -> tuple[PoolShape, str]:
         """Move the drained engine onto `size` ranks on this worker's cores; return the
-        starting role's pool shape for the new group (the same KV memory per rank)."""
+        starting role's pool shape for the new group (the same KV memory per rank), and how
+        this process's rank got its weights."""
         from baton.engine.parallel.launcher import rank_cores
         from baton.engine.parallel.shards import shards_for
         from baton.server.main import pin_cpu
@@ -123,7 +124,7 @@ class Worker:
         # rank 0's threads run on its share of the cores (the new ranks pin themselves)
         pin_cpu(rank_cores(s.cpu_cores, size, 0), s.threads)
         try:
-            await self.ae.call(lambda e: e.regroup(size, blocks), timeout_s=REGROUP_TIMEOUT_S)
+            weights = await self.ae.call(lambda e: e.regroup(size, blocks), timeout_s=REGROUP_TIMEOUT_S)
         except BaseException as exc:
             pin_cpu(rank_cores(s.cpu_cores, before, 0), s.threads)
             if isinstance(exc, RuntimeError | OSError):
@@ -133,7 +134,7 @@ class Worker:
         self.intake.adopt_runner(engine.runner)
         if size > 1:
             await self._start_rank_kv(self.kv_token)
-        return shape_for_ranks(start_shape, heads_before, heads_after)
+        return shape_for_ranks(start_shape, heads_before, heads_after), weights
 
     def _advertised_kv_endpoint(self) -> str:
         if self.settings.receive_transport == "shm":

@@ -84,7 +84,7 @@ class TensorParallelRunner:
                                            "joining the process group")
             self.comm = ShardComm(process_group, shards, 0)
             self.local = ModelRunner(config, source.config, source.tensors, device, dtype, shards[0],
-                                     self.comm, num_blocks, kv_dtype)
+                                     self.comm, num_blocks, kv_dtype, held=source.held)
             self.group.wait_ready(deadline)
         except BaseException:
             self.close()

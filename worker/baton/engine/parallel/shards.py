@@ -120,3 +120,16 @@ def local_config(cfg, shard: RankShard):
 
     return replace(cfg, num_heads=shard.q_heads.size, num_kv_heads=shard.kv_heads.size,
                    intermediate_size=shard.intermediate.size, vocab_size=shard.vocab.size)
+
+
+def within(shard: RankShard, held: RankShard) -> RankShard:
+    """`shard` counted from the start of `held`: where a rank that holds `held` finds the part
+    it is to keep. ValueError, naming the first part that does not fit, when `held` lacks
+    some of `shard` (a rank that must grow its slice loads it instead)."""
+    spans = {}
+    for part in ("q_heads", "kv_heads", "intermediate", "vocab"):
+        want, have = getattr(shard, part), getattr(held, part)
+        if want.start < have.start or want.end > have.end:
+            raise ValueError(f"{part} {want.start}..{want.end} is not within the held {have.start}..{have.end}")
+        spans[part] = Span(want.start - have.start, want.end - have.start)
+    return RankShard(rank=shard.rank, size=shard.size, **spans)

@@ -69,3 +69,10 @@ def shard_tensors(tensors: Iterable[tuple[str, torch.Tensor]], head_dim: int,
     """Stream a model's tensors, each cut to `shard`."""
     for name, tensor in tensors:
         yield name, shard_tensor(name, tensor, head_dim, shard)
+
+
+def keeps_blocks(shard: RankShard, head_dim: int) -> bool:
+    """Whether every input-column cut of `shard` (O's per query head, down's per intermediate
+    column) falls on a quantized block's edge, so its matrices kept their blocks."""
+    cuts = (shard.q_heads.scaled(head_dim), shard.intermediate)
+    return all(span.start % BLOCK == 0 and span.end % BLOCK == 0 for span in cuts)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from baton.engine.quant.formats import BlockFormat
-from baton.engine.quant.interleave import interleave
+from baton.engine.quant.interleave import deinterleave, interleave
 from baton.engine.quant.torch_blocks import dequantize_rows
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,20 @@ class QuantizedWeight(nn.Module):
 
     def describe(self) -> str:
         return "+".join(f.name for f in self.formats)
+
+    def checkpoint_rows(self, first: int, count: int) -> QuantizedTensor:
+        """Rows first..first+count-1 as the checkpoint stored them (the rearranged layout
+        undone): what a re-sliced tensor-parallel rank loads in place. They must lie in one
+        part, as a fused matrix's Q, K, V or gate, up do."""
+        start = 0
+        for i, (fmt, rows) in enumerate(zip(self.formats, self.part_rows)):
+            if start <= first and first + count <= start + rows:
+                data = self.parts[i].cpu().numpy()
+                if self.layout == "rows16":
+                    data = deinterleave(fmt, data, rows, self.k)
+                return QuantizedTensor(fmt, np.array(data[first - start : first - start + count]), self.k)
+            start += rows
+        raise IndexError(f"rows {first}..{first + count} do not lie in one part of {self.part_rows}")
 
     # -- CPU layout ------------------------------------------------------------------------
     def use_native(self, lib, dense: DenseProducts | None = None) -> None:
