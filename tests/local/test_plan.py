@@ -80,6 +80,21 @@ def test_kv_cache_dtype_and_router_arguments_reach_their_processes():
         up.parse_args(["--kv-cache-dtype", "int8"])
 
 
+def test_rank_placement_reaches_the_workers_only_when_spread():
+    from baton.server.main import add_arguments as worker_arguments
+    from baton.server.main import settings_from_args
+
+    up = argparse.ArgumentParser()
+    add_arguments(up)
+    spread = spec_from_args(up.parse_args(["--rank-placement", "spread", "--address", "10.0.0.7:6379"]))
+    assert "--rank-placement=spread" in spread.worker_args
+    assert not any("rank-placement" in a for a in spec_from_args(up.parse_args([])).worker_args)
+    parser = argparse.ArgumentParser()
+    worker_arguments(parser)
+    worker = settings_from_args(parser.parse_args(["--rank-placement=spread"]))
+    assert worker.engine_settings()["rank_placement"] == "spread"
+
+
 def router_app(*argv: str):
     from baton.router.main import add_arguments as router_arguments
     from baton.router.main import build_app

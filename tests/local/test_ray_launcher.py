@@ -47,8 +47,8 @@ def test_a_rank_runs_as_an_actor_in_a_placement_group_until_the_launcher_closes(
 
 
 def test_a_group_that_does_not_fit_is_refused_within_its_deadline(ray_address):
-    with pytest.raises(TimeoutError, match=r"could not place 3 tensor-parallel rank\(s\) of 1 CPU .* "
-                                           r"within 3s \(the node has 2 CPU in all"):
+    with pytest.raises(TimeoutError, match=r"could not place 3 tensor-parallel rank\(s\) of 1 CPU each on node "
+                                           r"\S+ \(the node has 2 CPU in all, .*\) within 3s"):
         RayLauncher(ray_address, ranks=3, cpus_per_rank=1, timeout_s=3)
     assert _eventually(lambda: free_cpus() == 2)  # nothing stays reserved
 

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="router port (0: any free)")
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
     parser.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    parser.add_argument("--rank-placement", choices=["pack", "spread"], default="pack",
+                        help="a tensor-parallel worker's other ranks on its own node (pack) or each "
+                        "on a node of its own (spread: needs a cluster of size-many nodes, --address)")
     parser.add_argument("--disagg-threshold", default=None, help="router: tokens or 'auto'")
     parser.add_argument("--autoscale", action="store_true", help="also run the controller (role conversions)")
     group = parser.add_argument_group("autoscaling (with --autoscale)")
@@ -75,6 +78,8 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
         extra.append(f"--quantization={args.quantization}")
     if args.kv_cache_dtype:
         extra.append(f"--kv-cache-dtype={args.kv_cache_dtype}")
+    if args.rank_placement != "pack":
+        extra.append(f"--rank-placement={args.rank_placement}")
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
                      prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, convertible=args.autoscale,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,

@@ -12,6 +12,7 @@ from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 ROLES = ("prefill", "decode", "both")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("auto", "none")  # auto: a checkpoint's quantized blocks as they are; none: full precision
+RANK_PLACEMENTS = ("pack", "spread")  # where a worker's other tensor-parallel ranks run (Ray)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks (processes) the model is split over
     cpu_cores: list[int] = field(default_factory=list)  # the worker's cores, shared out to its ranks
     ray_address: str | None = None  # place the other ranks through Ray there (else: child processes)
+    rank_placement: str = "pack"  # pack: a worker's ranks on its node; spread: each on a node of its own
     tensor_parallel_timeout_s: float = 60.0  # longest wait in one collective or command
     tensor_parallel_start_timeout_s: float = 300.0  # ranks joining and loading their slices
     extra: dict = field(default_factory=dict)
@@ -128,6 +130,11 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be positive")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.rank_placement not in RANK_PLACEMENTS:
+            raise ValueError(f"rank_placement must be one of {RANK_PLACEMENTS}, got {self.rank_placement!r}")
+        if self.rank_placement == "spread" and self.tensor_parallel_size > 1 and not self.ray_address:
+            raise ValueError("rank placement 'spread' puts ranks on other nodes through Ray: give a Ray "
+                             "address (--ray-address; baton up passes its own)")
         if self.tensor_parallel_timeout_s <= 0 or self.tensor_parallel_start_timeout_s <= 0:
             raise ValueError("tensor-parallel timeouts must be positive")
 

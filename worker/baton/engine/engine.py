@@ -83,10 +83,10 @@ class Engine:
 
             size = config.tensor_parallel_size
             launcher = launcher_for(config.ray_address, size, len(rank_cores(config.cpu_cores, size, 1)),
-                                    config.tensor_parallel_start_timeout_s)
+                                    config.tensor_parallel_start_timeout_s, config.rank_placement)
             try:
                 return TensorParallelRunner(config, source, self.device, self.dtype, launcher=launcher,
-                                            kv_dtype=self.kv_dtype)
+                                            host=getattr(launcher, "host", "127.0.0.1"), kv_dtype=self.kv_dtype)
             except BaseException:
                 if launcher is not None:  # a group that never started gives its reservation back
                     launcher.close()

@@ -51,6 +51,10 @@ def add_arguments(parser) -> None:
                         help="start the other tensor-parallel ranks as Ray actors, their cores reserved "
                         "as a placement group on this node of the Ray cluster at this address "
                         "(baton up passes it; default: child processes of this one)")
+    parser.add_argument("--rank-placement", choices=["pack", "spread"], default="pack",
+                        help="with --ray-address: the other ranks on this node (pack) or each on a "
+                        "Ray node of its own, none of them this one's (spread: the model's ranks "
+                        "over several machines, their collectives and KV over the network)")
     parser.add_argument("--peers", default="", help="comma-separated decode worker URLs to migrate to on drain")
     parser.add_argument("--ticket-ttl", type=float, default=30.0, help="seconds a reservation waits for its KV")
     parser.add_argument("--queue-timeout", type=float, default=30.0,
@@ -77,7 +81,7 @@ def settings_from_args(args) -> WorkerSettings:
         tpot_objective_s=args.tpot_objective_ms / 1e3, kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
         tensor_parallel_size=args.tensor_parallel_size,
-        cpu_cores=list(args.cpu_core), ray_address=args.ray_address, peers=[p for p in args.peers.split(",") if p],
+        cpu_cores=list(args.cpu_core), ray_address=args.ray_address, rank_placement=args.rank_placement, peers=[p for p in args.peers.split(",") if p],
         ticket_ttl_s=args.ticket_ttl, insecure_no_token=args.insecure_no_token,
         queue_timeout_s=args.queue_timeout,
     )

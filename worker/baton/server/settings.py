@@ -45,6 +45,7 @@ class WorkerSettings:
     tensor_parallel_size: int = 1
     cpu_cores: list[int] = field(default_factory=list)
     ray_address: str | None = None  # start the other ranks through Ray (baton up passes it)
+    rank_placement: str = "pack"  # pack: the other ranks on this node; spread: each on its own
     peers: list[str] = field(default_factory=list)  # decode workers to migrate to on drain
     ticket_ttl_s: float = 30.0
     # longest wait of a generate request in the engine's queue before it first runs (KV pool
@@ -121,6 +122,7 @@ class WorkerSettings:
             tensor_parallel_size=self.tensor_parallel_size,
             cpu_cores=list(self.cpu_cores),
             ray_address=self.ray_address,
+            rank_placement=self.rank_placement,
         )
         if self.num_kv_blocks:
             settings["num_kv_blocks"] = self.num_kv_blocks

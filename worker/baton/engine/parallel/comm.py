@@ -16,11 +16,19 @@ import torch
 from baton.engine.parallel.shards import RankShard
 
 
-def gloo_group(store, rank: int, size: int, timeout_s: float):
-    """A gloo process group on `store` whose every collective waits at most `timeout_s`."""
+def gloo_group(store, rank: int, size: int, timeout_s: float, host: str | None = None):
+    """A gloo process group on `store` whose every collective waits at most `timeout_s`,
+    its connections on the interface of address `host` (None: gloo's default, which this
+    host's name decides)."""
     from torch.distributed import ProcessGroupGloo
 
-    return ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if host is None:
+        return ProcessGroupGloo(store, rank, size, timeout)
+    options = ProcessGroupGloo._Options()
+    options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+    options._timeout = timeout
+    return ProcessGroupGloo(store, rank, size, options)
 
 
 class ShardComm:

@@ -107,8 +107,11 @@ class _Export:
 
 
 class RankKV:
-    def __init__(self, runner, rank: int, emit):
+    def __init__(self, runner, rank: int, emit, host: str | None = None):
+        """`host`: this rank's own node address when it runs away from its leader (its KV
+        endpoint is advertised there rather than at the leader's)."""
         self.runner, self.rank, self.emit = runner, rank, emit
+        self.host = host
         self.heads = runner.shard.kv_heads  # the model KV heads this rank's cache holds
         self.endpoint: str | None = None
         self.reservations: dict[str, _Reservation] = {}
@@ -128,6 +131,10 @@ class RankKV:
         if self._bg is None:
             self._bg = BackgroundLoop(f"baton-kv-rank-{self.rank}")
         if transport and self._receiver is None:
+            if self.host and transport != "tcp":
+                raise ValueError(f"a rank on a node of its own receives KV over tcp, not {transport}")
+            if self.host and bind in ("127.0.0.1", "localhost", "::1"):
+                bind = self.host  # the leader's loopback is not this node's
             if transport == "tcp":
                 address = f"[{bind}]:0" if ":" in bind else f"{bind}:0"
             else:
@@ -135,7 +142,7 @@ class RankKV:
             self._receiver = select_transport(transport).receiver(
                 _RankSink(self), worker_id=worker_id, address=address, token=token)
             self._bg.run(self._receiver.start(), timeout=10)
-            self.endpoint = (f"tcp://{advertise_host}:{self._receiver.port}" if transport == "tcp"
+            self.endpoint = (f"tcp://{self.host or advertise_host}:{self._receiver.port}" if transport == "tcp"
                              else self._receiver.endpoint)
         return self.endpoint
 

@@ -44,6 +44,7 @@ class RankSpec:
     timeout_s: float  # every collective's limit
     start_timeout_s: float  # joining the group and loading the model
     leader_pid: int | None = None  # set when the leader is this process's parent
+    own_node: bool = False  # on a node of its own: its connections bind its node's address
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -55,6 +56,19 @@ class RankSpec:
 
 def command(spec: RankSpec) -> list[str]:
     return [sys.executable, "-m", "baton.engine.parallel.rank_main", spec.to_json()]
+
+
+def node_host(spec: RankSpec) -> str | None:
+    """This rank's own node address when it runs away from its leader (its Ray actor says
+    which), else None: it shares the leader's node and its defaults."""
+    if not spec.own_node:
+        return None
+    from baton.engine.parallel.ray_launcher import NODE_HOST_ENV
+
+    host = os.environ.get(NODE_HOST_ENV)
+    if not host:
+        raise RuntimeError(f"a rank on a node of its own needs its node's address in {NODE_HOST_ENV}")
+    return host
 
 
 def build_runner(spec: RankSpec):
@@ -79,7 +93,7 @@ def build_runner(spec: RankSpec):
         torch.set_num_threads(config.threads or len(cores))
     store = TCPStore(spec.store_host, spec.store_port, spec.size, False,
                      timeout=datetime.timedelta(seconds=spec.start_timeout_s))
-    group = gloo_group(store, spec.rank, spec.size, spec.timeout_s)
+    group = gloo_group(store, spec.rank, spec.size, spec.timeout_s, node_host(spec))
     source = load_source(spec.model, keep_quantized=config.keeps_quantized)
     shards = shards_for(source.config, spec.size)
     comm = ShardComm(group, shards, spec.rank)
@@ -93,12 +107,12 @@ class Serving:
     """A rank's two threads: the reader takes every message and answers KV calls at once;
     the compute thread (the main one) runs steps and the other calls in the order sent."""
 
-    def __init__(self, conn, runner, rank: int):
+    def __init__(self, conn, runner, rank: int, host: str | None = None):
         from baton.engine.parallel.rank_kv import RankKV
 
         self.conn, self.runner = conn, runner
         self._send_lock = threading.Lock()
-        self.kv = RankKV(runner, rank, self.emit)
+        self.kv = RankKV(runner, rank, self.emit, host)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
 
     def send(self, message) -> None:
@@ -169,7 +183,7 @@ def main(argv: list[str]) -> int:
         runner = build_runner(spec)
         if time.monotonic() > deadline:
             raise TimeoutError(f"loading took longer than {spec.start_timeout_s} s")
-        serving = Serving(conn, runner, spec.rank)
+        serving = Serving(conn, runner, spec.rank, node_host(spec))
         serving.send(("ready", spec.rank))
         serving.compute()
     except BaseException as exc:

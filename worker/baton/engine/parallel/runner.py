@@ -76,11 +76,13 @@ class TensorParallelRunner:
                                 num_blocks=num_blocks, store_host=host, store_port=self._store.port,
                                 control_host=host, control_port=self._listener.address[1],
                                 timeout_s=timeout_s, start_timeout_s=start_s,
-                                leader_pid=os.getpid() if isinstance(self._launcher, LocalLauncher) else None)
+                                leader_pid=os.getpid() if isinstance(self._launcher, LocalLauncher) else None,
+                                own_node=getattr(self._launcher, "spread", False))
                 self.procs.append(self._launcher.start(rank, command(spec), env))
             conns = self._listener.accept_ranks(set(range(1, size)), deadline, self._check_started)
             self.group = RankGroup(self.procs, conns, on_event=self._kv_event)
-            process_group = self._wait_for(lambda: gloo_group(self._store, 0, size, timeout_s), deadline,
+            on = None if host == "127.0.0.1" else host  # ranks on other nodes reach the leader there
+            process_group = self._wait_for(lambda: gloo_group(self._store, 0, size, timeout_s, on), deadline,
                                            "joining the process group")
             self.comm = ShardComm(process_group, shards, 0)
             self.local = ModelRunner(config, source.config, source.tensors, device, dtype, shards[0],
