@@ -36,6 +36,10 @@ def _recv_exactly(sock: socket.socket, count: int) -> bytes:
 
 def _to_connection(sock: socket.socket) -> Connection:
     sock.setblocking(True)
+    # a rank answers a call and reports the work it started right after: with Nagle's algorithm
+    # the second small write waits for the peer's delayed ACK of the first, ~40 ms on Linux
+    # (it was most of a tensor-parallel prefill's exposed KV transfer)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return Connection(sock.detach())
 
 
