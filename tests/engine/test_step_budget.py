@@ -8,11 +8,13 @@ import pytest
 
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
+    BATCH_FIXED_SHARE,
     MAX_BANKED_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
     StepCosts,
     prefill_token_budget,
+    prompt_batch_tokens,
     step_allowance_s,
 )
 from tests.engine.test_scheduler import complete, make, seq
@@ -262,4 +264,47 @@ def test_the_engine_holds_a_prompt_back_for_a_worthwhile_chunk_and_not_for_long(
     finally:
         for rid in ("dec", "held"):
             engine.abort(rid)
+            engine.release(rid)
+
+
+def test_prompts_alone_batch_until_the_fixed_cost_is_a_tenth_of_the_step():
+    costs = costs_with_fixed(0.06, 0.001)  # a step of prompts: 60 ms + 1 ms a token
+    tokens = prompt_batch_tokens(costs, ceiling=2048, least=1)
+    assert tokens == pytest.approx(540, abs=2)  # 9F/s: F is 10% of a 600 ms step
+    assert 0.06 / (0.06 + 0.001 * tokens) <= BATCH_FIXED_SHARE + 1e-9
+    assert prompt_batch_tokens(costs, ceiling=256, least=1) == 256
+    # no fixed cost: batching gains nothing, so one prompt (or one chunk) a step
+    assert prompt_batch_tokens(costs_with_fixed(0.0, 0.001), ceiling=2048, least=1) == 1
+    assert prompt_batch_tokens(costs_with_fixed(0.0, 0.001), ceiling=2048, least=512) == 512
+    assert prompt_batch_tokens(StepCosts(), ceiling=2048, least=1) == 2048  # not measured yet
+
+
+def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(engine_fp32, monkeypatch):
+    """Whole prompts (a prefill worker's chunking) with no decodes: the first runs whole
+    however long; more join its step only while the step stays under 9F/s tokens."""
+    from baton.engine.sampling import SamplingParams
+
+    engine = engine_fp32
+    monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    monkeypatch.setattr(engine.scheduler, "chunk_size", 0)
+    monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 2048)
+    monkeypatch.setattr(engine.config, "max_num_batched_tokens", 2048)
+    frozen, measured = FrozenCosts(), costs_with_fixed(0.02, 0.001)  # 9F/s = 180 tokens
+    frozen._decode_steps, frozen._prompt_steps = measured._decode_steps, measured._prompt_steps
+    monkeypatch.setattr(engine, "step_costs", frozen)
+    prompts = {f"p{i}": list(range(10 + i, 110 + i)) for i in range(4)}  # 100 tokens each
+    for rid, ids in prompts.items():
+        engine.add_request(ids, SamplingParams(max_tokens=1), request_id=rid)
+    try:
+        assert engine._prefill_cap() == 180
+        steps = []
+        while any(not engine.sequences[rid].is_finished for rid in prompts):
+            before = {rid: engine.sequences[rid].num_computed_tokens for rid in prompts}
+            engine.step()
+            steps.append(sum(engine.sequences[rid].num_computed_tokens - before[rid] for rid in prompts))
+        assert steps == [100, 100, 100, 100]  # a second prompt would pass 180 tokens
+        monkeypatch.setattr(engine.config, "tpot_objective_s", 0)  # no objective: no batch limit
+        assert engine._prefill_cap() is None
+    finally:
+        for rid in prompts:
             engine.release(rid)

@@ -30,8 +30,10 @@ def tiny_model(tmp_path_factory):
 
 
 def tiny_engine(model: str, tp: int):
+    # no TPOT objective: steps are then made of the same tokens whatever they cost, so the
+    # step-by-step logits of two engines line up
     return make_engine(model=model, tensor_parallel_size=tp, num_kv_blocks=96, chunk_size=32,
-                       max_num_batched_tokens=64, threads=1)
+                       max_num_batched_tokens=64, threads=1, tpot_objective_s=0)
 
 
 def generate_recording_logits(engine, prompts, max_tokens):
@@ -218,7 +220,10 @@ def test_regrouping_moves_an_engine_between_sizes_and_a_failed_one_changes_nothi
         with pytest.raises(ValueError, match="tensor-parallel size 3 does not divide the model's 8 query heads"):
             engine.regroup(3, 96)
         assert engine.config.tensor_parallel_size == 1 and engine.runner.num_blocks == 96
+        engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+        assert engine.step_costs.decode_step_s(1) is not None
         assert engine.regroup(2, 48) == "resliced"  # rank 0 cuts its half from the whole model
+        assert engine.step_costs.decode_step_s(1) is None  # the new group's costs are its own
         old_runner = engine.runner
         assert engine.config.tensor_parallel_size == 2 and len(engine.runner.procs) == 1
         assert engine.runner.num_blocks == engine.blocks.num_blocks == 48

@@ -18,7 +18,7 @@ from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
 from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
-from baton.engine.step_budget import StepCosts, prefill_token_budget, step_allowance_s
+from baton.engine.step_budget import StepCosts, prefill_token_budget, prompt_batch_tokens, step_allowance_s
 from baton.engine.stopping import StopChecker
 from baton.engine.weights import model_tensors
 
@@ -119,6 +119,7 @@ class Engine:
                  tensor_parallel_size, runner.num_blocks, weights, why)
         self.blocks = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = self._new_scheduler()
+        self.step_costs = StepCosts()  # the old group's step times say nothing of the new one's
         self.sequences.clear()
         self.stop_checkers.clear()
         return weights
@@ -282,9 +283,12 @@ class Engine:
         decoding, objective = self.scheduler.decoding(), self.config.tpot_objective_s
         wanted = sum(seq.num_uncomputed_tokens for seq in self.scheduler.waiting)
         wanted += sum(seq.num_uncomputed_tokens for seq in self.scheduler.running if seq.in_prefill)
-        if not decoding or not wanted or not objective:
+        if not wanted or not objective:
             self._prompts_deferred_since = None
             return None
+        if not decoding:  # prompts alone: batched only as far as their fixed cost asks
+            self._prompts_deferred_since = None
+            return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens, self.scheduler.chunk_size)
         now = time.monotonic()
         paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])
                  for seq in decoding if seq.paced_from is not None]

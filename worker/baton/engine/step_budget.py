@@ -17,6 +17,10 @@ So the prompt cost is fitted as a line, g(P) = F + s·P, and while what fits now
 too small to be worth its fixed part F, the prompt waits a step or two (decode-only steps
 refill what the decodes have saved) and then runs in one worthwhile chunk. A is the
 objective T itself for a decode that has saved nothing.
+
+With no decodes running (a prefill worker, an idle colocated one) the same fit sizes a
+step of prompts alone: batched until F is a tenth of the step (`prompt_batch_tokens`), not
+up to the whole per-step budget, since every prompt of a step waits for its end.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Iterable
 MIN_PROMPT_TOKENS_PER_STEP = 16  # a prompt always advances
 UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once decodes alone exceed T
 MAX_BANKED_OBJECTIVES = 4.0  # the longest step saved time may pay for, in objectives
+BATCH_FIXED_SHARE = 0.1  # with no decodes, prompts batch until a step's fixed cost is this share of it
 
 
 class StepCosts:
@@ -104,6 +109,23 @@ def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]
     for tokens, seconds in paces:
         allowance = min(allowance, tpot_objective_s * (tokens + 1) - seconds)
     return max(allowance, tpot_objective_s)
+
+
+def prompt_batch_tokens(costs: StepCosts, ceiling: int, least: int) -> int:
+    """Prompt tokens a step with no decodes may carry: enough that its fixed cost F is at
+    most BATCH_FIXED_SHARE of the step, and no more. Every prompt of a step gets its first
+    token at the step's end, so a bigger batch gains a few percent of throughput and delays
+    its first prompts by the whole of it: prompts arriving together at a prefill worker ran
+    as one long step, were then decoded in step, finished together and came back together,
+    wave after wave, the prefill worker idle between waves. `least`: the smallest step worth
+    having (a chunk); `ceiling` until the costs are measured."""
+    cost = costs.prompt_cost()
+    if cost is None:
+        return ceiling
+    fixed, per_token = cost
+    share = BATCH_FIXED_SHARE
+    tokens = math.ceil(fixed * (1 - share) / (share * per_token))
+    return int(min(max(tokens, least, 1), ceiling))
 
 
 def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: StepCosts,
