@@ -18,7 +18,12 @@ from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
 from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
-from baton.engine.step_budget import StepCosts, prefill_token_budget, prompt_batch_tokens, step_allowance_s
+from baton.engine.step_budget import (
+    StepCosts,
+    prefill_token_budget,
+    prompt_batch_tokens,
+    step_allowance_s,
+)
 from baton.engine.stopping import StopChecker
 from baton.engine.weights import model_tensors
 
