@@ -280,12 +280,13 @@ def test_prompts_alone_batch_until_the_fixed_cost_is_a_tenth_of_the_step():
 
 
 def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(engine_fp32, monkeypatch):
-    """Whole prompts (a prefill worker's chunking) with no decodes: the first runs whole
-    however long; more join its step only while the step stays under 9F/s tokens."""
+    """A prefill worker (whole prompts, no decodes): the first runs whole however long; more
+    join its step only while the step stays under 9F/s tokens. Elsewhere no limit."""
     from baton.engine.sampling import SamplingParams
 
     engine = engine_fp32
     monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    monkeypatch.setattr(engine.config, "role", "prefill")
     monkeypatch.setattr(engine.scheduler, "chunk_size", 0)
     monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 2048)
     monkeypatch.setattr(engine.config, "max_num_batched_tokens", 2048)
@@ -303,6 +304,12 @@ def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(eng
             engine.step()
             steps.append(sum(engine.sequences[rid].num_computed_tokens - before[rid] for rid in prompts))
         assert steps == [100, 100, 100, 100]  # a second prompt would pass 180 tokens
+        for rid, ids in prompts.items():
+            engine.release(rid)
+            engine.add_request(ids, SamplingParams(max_tokens=1), request_id=rid)
+        monkeypatch.setattr(engine.config, "role", "both")  # prompts that decode here: no limit
+        assert engine._prefill_cap() is None
+        monkeypatch.setattr(engine.config, "role", "prefill")
         monkeypatch.setattr(engine.config, "tpot_objective_s", 0)  # no objective: no batch limit
         assert engine._prefill_cap() is None
     finally:

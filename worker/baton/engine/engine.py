@@ -291,8 +291,12 @@ class Engine:
         if not wanted or not objective:
             self._prompts_deferred_since = None
             return None
-        if not decoding:  # prompts alone: batched only as far as their fixed cost asks
+        if not decoding:
             self._prompts_deferred_since = None
+            if self.config.role != "prefill":
+                return None  # prompts that decode here join the batch together
+            # a prefill worker hands every prompt off at its step's end: batched only as far
+            # as their fixed cost asks
             return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens, self.scheduler.chunk_size)
         now = time.monotonic()
         paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])

@@ -18,9 +18,12 @@ too small to be worth its fixed part F, the prompt waits a step or two (decode-o
 refill what the decodes have saved) and then runs in one worthwhile chunk. A is the
 objective T itself for a decode that has saved nothing.
 
-With no decodes running (a prefill worker, an idle colocated one) the same fit sizes a
-step of prompts alone: batched until F is a tenth of the step (`prompt_batch_tokens`), not
-up to the whole per-step budget, since every prompt of a step waits for its end.
+On a prefill worker (no decodes; every prompt handed off at the end of its step) the same
+fit sizes a step of prompts: batched until F is a tenth of the step (`prompt_batch_tokens`),
+not up to the whole per-step budget, since every prompt of a step waits for its end. A
+colocated worker's prompts decode where they are, and there one large step that starts
+them all together did better (the interference benchmark's chunked setup lost a third of
+its throughput under the limit).
 """
 
 from __future__ import annotations
