@@ -9,7 +9,7 @@ back-to-back transfer of the same bytes into the one-rank decode worker is measu
 same run (bench/kv.py's method). Prefill workers run on core 0, decode workers on core 1,
 all of a worker's ranks on its core, as bench/kv.py places its workers.
 
-    .venv/bin/python bench/tp_handoff.py [--repeats 3] [--lengths 512,2048]
+    .venv/bin/python bench/tp_handoff.py [--repeats 3] [--lengths 512,2048] [--transport shm]
 """
 
 from __future__ import annotations
@@ -48,15 +48,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bulk-repeats", type=int, default=5)
     parser.add_argument("--lengths", default="512,2048")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "tp_handoff.json"))
+    parser.add_argument("--transport", default="tcp", choices=["tcp", "shm"])
+    parser.add_argument("--out", default=None, help="default: bench/results/tp_handoff[_shm].json")
     args = parser.parse_args()
+    suffix = "" if args.transport == "tcp" else f"_{args.transport}"
+    out = Path(args.out or Path(__file__).parent / "results" / f"tp_handoff{suffix}.json")
 
     load_at_start = os.getloadavg()
     common = ["--dtype", "float32", "--quantization", "none", "--block-size", "16", "--kv-cache-memory-gb", "0.5"]
     prefill_args = [*common, "--chunk-size", "0", "--max-num-batched-tokens", "8192"]
     prefills = {a: Worker(f"prefill-tp{a}", "prefill", 0, [*prefill_args, "--tensor-parallel-size", str(a)])
                 for a in SIZES}
-    decodes = {b: Worker(f"decode-tp{b}", "decode", 1, [*common, "--kv-transport", "tcp", "--tensor-parallel-size", str(b)])
+    decodes = {b: Worker(f"decode-tp{b}", "decode", 1,
+                         [*common, "--kv-transport", args.transport, "--tensor-parallel-size", str(b)])
                for b in SIZES}
     workers = [*prefills.values(), *decodes.values()]
     stream_state: dict = {}
@@ -84,6 +88,7 @@ def main() -> int:
         doc = {
             "benchmark": "tp_kv_handoff",
             "model": "SmolLM2-135M (bundled), float32",
+            "transport": args.transport,
             "repeats": args.repeats,
             "machine": machine_record(),
             "load_average_at_start": load_at_start,
@@ -93,9 +98,9 @@ def main() -> int:
                      "bytes into the one-rank decode worker in this run",
             "results": results,
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {out}")
     finally:
         for w in workers:
             w.stop()

@@ -3,10 +3,7 @@
 Local prefill of L uncached tokens costs L·t_tok; the remote path costs a fixed overhead
 O_fixed (reserve, scheduling, control traffic) plus the KV transfer L·kv/BW. Remote wins
 beyond  L_thresh = O_fixed / (t_tok − kv/BW).  With `auto` the inputs are measured as the
-router runs (smoothed); until each has been seen, a fallback threshold applies, and only
-to an idle decode worker: a guess never stalls running decodes, so while anything runs
-there the prompt goes to the prefill pool (a cold router's first burst of prompts went
-home four at a time on one CPU and set the run's p99 inter-token latency).
+router runs (smoothed); until each has been seen, a fallback threshold applies.
 
 Load moves the threshold. A local prefill also stalls the n requests decoding on that worker
 (each loses L·t_tok of its stream); a remote one first waits for the Q prompt tokens already
@@ -115,15 +112,14 @@ class ThresholdEstimator:
         """For a prompt headed to a decode worker with `decoding` requests on it and its own
         measured cost of a prompt token `local_s_per_token` (None: not measured), while the
         best prefill worker has `queued_tokens` prompt tokens to prefill first. A fixed
-        threshold ignores load. The fallback (inputs not yet measured) stands for
-        O_fixed / t_tok at an idle decode worker, plus the queue ahead at the prefill
-        worker; with decodes running there it is 0: remote, whatever the prompt."""
+        threshold ignores load; the fallback (inputs not yet measured) stands for
+        O_fixed / t_tok and moves with load as the formula does."""
         if self.fixed is not None:
             return self.fixed
         inputs = (self.o_fixed_s.value, self.prefill_s_per_token.value,
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
         if any(v is None for v in inputs):
-            return 0.0 if decoding > 0 else self.fallback + max(queued_tokens, 0.0)
+            return (self.fallback + max(queued_tokens, 0.0)) / (1.0 + max(decoding, 0.0))
         return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
                                 local_s_per_token=local_s_per_token)
 
