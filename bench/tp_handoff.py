@@ -24,14 +24,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kv import Worker, handoff_once, stream_once  # noqa: E402
+from kv import Worker, exposed_limit, handoff_once, stop_all, stream_once  # noqa: E402
 from machine_info import machine_record  # noqa: E402
 
 SIZES = (1, 3)
-
-
-def exposed_limit(bulk_seconds: float, layers: int) -> float:
-    return 2 * bulk_seconds / layers + 0.005
 
 
 def measure_pair(prefill: Worker, decode: Worker, length: int, repeats: int, rng: random.Random) -> dict:
@@ -102,10 +98,7 @@ def main() -> int:
         out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {out}")
     finally:
-        for w in workers:
-            w.stop()
-        if "loop" in stream_state:
-            stream_state["loop"].close()
+        stop_all(workers, stream_state)
     return 0
 
 
