@@ -5,9 +5,10 @@ cores as one placement group (a bundle of CPUs per rank) and starts one actor pe
 its bundle. Packed (the default), every bundle is on the leader's node and the group's
 collectives and control connections run over that node's loopback. Spread, each rank gets
 a node of its own, none of them the leader's: the group then meets at the leader's node
-address, and each rank binds its collectives and KV endpoints to its own node's address. Each actor owns its rank as a child process, started as
-LocalLauncher starts one, so the rank still pins its own cores and threads and dies with
-its actor; the actors die with this process (Ray ends a driver's actors when it goes).
+address, and each rank binds its collectives and KV endpoints to its own node's address.
+Each actor owns its rank as a child process, started as LocalLauncher starts one, so the
+rank still pins its own cores and threads and dies with its actor; the actors die with
+this process (Ray ends a driver's actors when it goes).
 
 The handles it returns answer as LocalLauncher's do (pid, poll, stop), so the leader does
 not know which launcher started its ranks.
