@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -47,3 +48,13 @@ def parse_endpoint(text: object) -> Endpoint:
             f"kv_endpoint: {scheme} endpoint name must be 1-100 of [A-Za-z0-9._-], got {text!r}"
         )
     return Endpoint(scheme, name=rest)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, bracketed or not) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import socket
 from dataclasses import dataclass, field
 
 from baton.engine.config import ROLES
+from baton.kv.endpoint import is_loopback
 
 KV_TRANSPORTS = ("tcp", "shm", "auto")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from baton.kv.endpoint import is_loopback
 from baton.kv.layout import scatter_layer
 from baton.kv.routes import HeadCoverage, RouteId, parse_route_id, route_ticket
 from baton.kv.stream import BackgroundLoop, LayerStreamer
@@ -133,7 +134,7 @@ class RankKV:
         if transport and self._receiver is None:
             if self.host and transport != "tcp":
                 raise ValueError(f"a rank on a node of its own receives KV over tcp, not {transport}")
-            if self.host and bind in ("127.0.0.1", "localhost", "::1"):
+            if self.host and is_loopback(bind):
                 bind = self.host  # the leader's loopback is not this node's
             if transport == "tcp":
                 address = f"[{bind}]:0" if ":" in bind else f"{bind}:0"
