@@ -73,11 +73,18 @@ def test_a_tp2_prefill_worker_becomes_a_tp1_decode_worker_and_back(workers, refe
     async def stream_while(switch):
         # a decode stream fed by p2 keeps running on d1 while p2 changes its group
         long = {"max_tokens": 48, "ignore_eos": True}
-        flowing = asyncio.create_task(handoff(p2, d1, PROMPTS[1], long))
-        while not (await asyncio.to_thread(d1.state))["running"]:
-            await asyncio.sleep(0.02)
+        decoding = asyncio.Event()
+
+        async def on_event(event, result):
+            decoding.set()
+
+        flowing = asyncio.create_task(handoff(p2, d1, PROMPTS[1], long, on_event=on_event))
+        # the first token means the prefill is done and d1 decodes the rest
+        await asyncio.wait([flowing, asyncio.create_task(decoding.wait())], timeout=60,
+                           return_when=asyncio.FIRST_COMPLETED)
+        assert decoding.is_set(), f"no token streamed: {flowing.result() if flowing.done() else 'timed out'}"
         switched = await asyncio.to_thread(switch)
-        return switched, await flowing
+        return switched, await asyncio.wait_for(flowing, 120)
 
     switched, streamed = asyncio.run(stream_while(lambda: _switch(p2, "decode", 1)))
     assert not streamed["errors"] and len(streamed["token_ids"]) == 48
