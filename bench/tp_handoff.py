@@ -35,7 +35,7 @@ from machine_info import machine_record  # noqa: E402
 MODELS = {  # name: (tensor-parallel sizes, description)
     "smollm2": ((1, 3), "SmolLM2-135M (bundled), float32"),
     "tiny": ((1, 2, 4), "tiny Llama layout (8 query / 4 KV heads, head_dim 16, random weights), "
-                        "30 layers, 2,048 positions, 40,000 tokens, float32"),
+                        "30 layers, 4,096 positions, 40,000 tokens, float32"),
 }
 
 
@@ -44,7 +44,7 @@ def tiny_model(folder: Path) -> list[str]:
 
     # 4 KV heads of 16 over 30 layers: 15 KiB of fp32 KV per token, a third of SmolLM2's;
     # a vocabulary that holds the KV bench's random prompt ids
-    write_tiny_llama(folder, num_hidden_layers=30, max_position_embeddings=2048, vocab_size=VOCAB_RANGE[1])
+    write_tiny_llama(folder, num_hidden_layers=30, max_position_embeddings=4096, vocab_size=VOCAB_RANGE[1])
     return ["--model", str(folder)]
 
 
