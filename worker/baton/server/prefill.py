@@ -326,10 +326,9 @@ class PrefillService:
         if ranks:
             self.rank_waits[request_id] = ranks  # before the call: a rank may answer at once
             try:
-                if seq is not None:
-                    engine.runner.kv_call("kv_feed_missing", request_id, list(seq.block_table))
                 started = engine.runner.kv_call("kv_finish", request_id, handoff.first_token, handoff.logprob,
-                                                handoff.sampler_state, left)
+                                                handoff.sampler_state, left,
+                                                list(seq.block_table) if seq is not None else None)
             except Exception as exc:
                 started = [False] * (engine.config.tensor_parallel_size - 1)
                 log.warning("finishing the ranks' streams of %s failed: %s", request_id, exc)

@@ -33,7 +33,7 @@ from baton.kv.transport import KVSink, select_transport
 log = logging.getLogger(__name__)
 
 # the calls a leader may make of a rank's KV side, run on the rank's reader thread
-KV_CALLS = ("kv_setup", "kv_expect", "kv_forget", "kv_feed_missing", "kv_finish", "kv_abort")
+KV_CALLS = ("kv_setup", "kv_expect", "kv_forget", "kv_finish", "kv_abort")
 
 
 class _Reservation:
@@ -213,23 +213,20 @@ class RankKV:
             self._senders[key] = transport.sender(ticket.kv_endpoint, worker_id=ticket.worker_id, token=self._token)
         return self._senders[key]
 
-    def kv_feed_missing(self, request_id: str, block_table: list[int]) -> None:
-        """Send the layers no step fed (the prompt's last token ran as a decode step) from
-        the held blocks."""
-        export = self.exports.get(request_id)
-        if export is None:
-            return
-        for layer, (k_cache, v_cache) in enumerate(self.runner.kv_caches):
-            if layer not in export.fed:
-                export.feed(layer, k_cache, v_cache, block_table)
-
-    def kv_finish(self, request_id: str, first_token: int, logprob, sampler_state, timeout_s: float) -> bool:
+    def kv_finish(self, request_id: str, first_token: int, logprob, sampler_state, timeout_s: float,
+                  block_table: list[int] | None = None) -> bool:
         """END on every route this rank sources; an "export_done" event follows. False: this
-        rank sources no route of the request."""
+        rank sources no route of the request. `block_table`: the prompt's held blocks, from
+        which the layers no step fed are sent first (its last token ran as a decode step);
+        one call, not two, since this round trip to every rank is on the prompt's TTFT."""
         export = self.exports.get(request_id)
         if export is None or export.finishing:
             return False
         export.finishing = True
+        if block_table is not None:
+            for layer, (k_cache, v_cache) in enumerate(self.runner.kv_caches):
+                if layer not in export.fed:
+                    export.feed(layer, k_cache, v_cache, block_table)
         futures = [s.finish_async(first_token, logprob, timeout_s, sampler_state) for s in export.streamers]
         remaining = [len(futures)]
         lock = threading.Lock()
