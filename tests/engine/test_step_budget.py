@@ -82,6 +82,30 @@ def test_scheduler_cap_limits_prompt_tokens_next_to_decodes_only():
     assert batch.num_tokens == 11
 
 
+def test_an_admission_cap_limits_only_the_prompts_that_finish_in_the_step():
+    """A prefill worker's batch limit: prompts that start and finish in one step (all get
+    their first token at its end) take at most the cap, the first whatever its length; a
+    prompt that starts with a chunk, or is under way, is outside it."""
+    bm, sched = make(num_blocks=64, budget=64, chunk=16)
+    for rid, length in (("a", 8), ("long", 40)):
+        sched.add(seq(length, rid))
+    first = sched.schedule(admission_cap=12)
+    # "a" whole (the first), "long" a chunk beside it though 8 + 16 passes the cap
+    assert [(s.request_id, n) for s, n in first.prefills] == [("a", 8), ("long", 16)]
+    complete(first)
+    for rid in ("b", "c", "d"):
+        sched.add(seq(8, rid))
+    batch = sched.schedule(admission_cap=20)
+    # the long prompt's next chunk, then two short prompts whole; the third would pass the
+    # cap and is not cut to fill it
+    assert [(s.request_id, n) for s, n in batch.prefills] == [("long", 16), ("b", 8), ("c", 8)]
+    complete(batch)
+    assert [(s.request_id, n) for s, n in sched.schedule(admission_cap=20).prefills] == [("long", 8), ("d", 8)]
+    solo = make(num_blocks=64, budget=64, chunk=0)[1]
+    solo.add(seq(40, "whole"))
+    assert [(s.request_id, n) for s, n in solo.schedule(admission_cap=12).prefills] == [("whole", 40)]
+
+
 def test_bad_objective_is_refused_with_its_name():
     with pytest.raises(ValueError, match="tpot_objective_s"):
         EngineConfig(tpot_objective_s=float("nan")).validate()
@@ -101,14 +125,14 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     seen, bounds = [], []  # each step's batch; half a decode step in prompt tokens, as costs stood
     schedule = engine.scheduler.schedule
 
-    def recorded(cap=None):
+    def recorded(cap=None, admission_cap=None):
         costs, decodes = engine.step_costs, engine.scheduler.num_decoding()
         if decodes and costs.prompt_cost() and costs.decode_step_s(decodes) is not None:
             bounds.append(max(MIN_PROMPT_TOKENS_PER_STEP,
                               UNREACHABLE_SHARE * costs.decode_step_s(decodes) / costs.prompt_cost()[1]))
         else:
             bounds.append(None)  # nothing measured yet: no cap
-        seen.append(schedule(cap))
+        seen.append(schedule(cap, admission_cap))
         return seen[-1]
 
     monkeypatch.setattr(engine.scheduler, "schedule", recorded)
@@ -297,7 +321,7 @@ def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(eng
     for rid, ids in prompts.items():
         engine.add_request(ids, SamplingParams(max_tokens=1), request_id=rid)
     try:
-        assert engine._prefill_cap() == 180
+        assert engine._admission_cap() == 180 and engine._prefill_cap() is None
         steps = []
         while any(not engine.sequences[rid].is_finished for rid in prompts):
             before = {rid: engine.sequences[rid].num_computed_tokens for rid in prompts}
@@ -308,10 +332,10 @@ def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(eng
             engine.release(rid)
             engine.add_request(ids, SamplingParams(max_tokens=1), request_id=rid)
         monkeypatch.setattr(engine.config, "role", "both")  # prompts that decode here: no limit
-        assert engine._prefill_cap() is None
+        assert engine._admission_cap() is None
         monkeypatch.setattr(engine.config, "role", "prefill")
         monkeypatch.setattr(engine.config, "tpot_objective_s", 0)  # no objective: no batch limit
-        assert engine._prefill_cap() is None
+        assert engine._admission_cap() is None
     finally:
         for rid in prompts:
             engine.release(rid)

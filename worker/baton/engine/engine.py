@@ -256,7 +256,7 @@ class Engine:
         A failure is charged to the sequences that cause it: the batch is re-run one
         sequence at a time, those that fail alone end with the error, the others go on."""
         cap = self._prefill_cap()
-        batch = self.scheduler.schedule(cap)
+        batch = self.scheduler.schedule(cap, self._admission_cap())
         if cap == 0 and self._prompts_deferred_since is None:
             self._prompts_deferred_since = time.monotonic()
         elif batch.prefills:
@@ -293,11 +293,7 @@ class Engine:
             return None
         if not decoding:
             self._prompts_deferred_since = None
-            if self.config.role != "prefill":
-                return None  # prompts that decode here join the batch together
-            # a prefill worker hands every prompt off at its step's end: batched only as far
-            # as their fixed cost asks
-            return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens, self.scheduler.chunk_size)
+            return None  # no decodes to protect (a prefill worker's batches: _admission_cap)
         now = time.monotonic()
         paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])
                  for seq in decoding if seq.paced_from is not None]
@@ -305,6 +301,18 @@ class Engine:
         return prefill_token_budget(objective, len(decoding), self.step_costs, self.config.max_num_batched_tokens,
                                     allowance_s=step_allowance_s(objective, paces), wanted=wanted,
                                     deferred_s=deferred)
+
+    def _admission_cap(self) -> int | None:
+        """Tokens of prompts a prefill worker's step may start and finish (None: no limit).
+        It hands every prompt off at its step's end, so prompts that arrive together get
+        their first tokens together: they start only as many at a time as their fixed cost
+        asks (step_budget.prompt_batch_tokens). A long prompt's chunks are outside the
+        limit, and short prompts ride beside them: counting the chunks held both back, and
+        the long prompts' TTFT doubled. Prompts that decode where they prefill join the
+        batch together (a colocated worker)."""
+        if self.config.role != "prefill" or not self.config.tpot_objective_s or self.scheduler.decoding():
+            return None
+        return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens, self.scheduler.chunk_size)
 
     def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:
         """Run and sample a batch; a sequence's state changes only once both succeeded, so a

@@ -65,15 +65,19 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- the decision ----------------------------------------------------------------
-    def schedule(self, prefill_cap: int | None = None) -> ScheduledBatch:
+    def schedule(self, prefill_cap: int | None = None, admission_cap: int | None = None) -> ScheduledBatch:
         """`prefill_cap`: at most this many prompt tokens next to the running decodes (the
-        engine's TPOT budget); the step's own token budget applies in any case."""
+        engine's TPOT budget); the step's own token budget applies in any case.
+        `admission_cap`: at most this many tokens of prompts that start and finish their
+        prefill in this step, the first one whatever its length (a prefill worker's batch
+        limit: these all get their first token at the step's end). A prompt that starts
+        with a chunk, or is already under way, is outside it."""
         batch = ScheduledBatch()
         budget = self._schedule_decodes(batch, self.max_num_batched_tokens)
         if prefill_cap is not None:
             budget = min(budget, prefill_cap)
         budget = self._schedule_running_prefills(batch, budget)
-        self._admit_waiting(batch, budget)
+        self._admit_waiting(batch, budget, admission_cap)
         return batch
 
     def decoding(self) -> list[Sequence]:
@@ -146,12 +150,16 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int, finishing_cap: int | None = None) -> None:
+        finishing = 0  # tokens of prompts admitted whole this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
                 self.blocks.match_prefix(seq)
             n = self._chunk(seq, budget, first_prefill=not batch.prefills)
+            whole = n == seq.num_uncomputed_tokens
+            if finishing_cap is not None and whole and finishing and finishing + n > finishing_cap:
+                n = 0  # a later step starts it, with fewer prompts to wait for
             if n == 0 or self.blocks.blocks_needed(
                 seq, seq.num_computed_tokens + n
             ) > self.blocks.num_free_blocks:
@@ -166,3 +174,4 @@ class Scheduler:
             self.running.append(seq)
             batch.prefills.append((seq, n))
             budget -= n
+            finishing += n if whole else 0

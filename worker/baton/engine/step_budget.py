@@ -19,11 +19,13 @@ refill what the decodes have saved) and then runs in one worthwhile chunk. A is 
 objective T itself for a decode that has saved nothing.
 
 On a prefill worker (no decodes; every prompt handed off at the end of its step) the same
-fit sizes a step of prompts: batched until F is a tenth of the step (`prompt_batch_tokens`),
-not up to the whole per-step budget, since every prompt of a step waits for its end. A
-colocated worker's prompts decode where they are, and there one large step that starts
-them all together did better (the interference benchmark's chunked setup lost a third of
-its throughput under the limit).
+fit sizes how many prompts start and finish together: until F is a tenth of the step
+(`prompt_batch_tokens`), not up to the whole per-step budget, since every prompt finishing
+in a step waits for its end. A long prompt's chunks are outside the limit and short prompts
+ride beside them (counting the chunks held both back, and the interference benchmark's P/D
+setup doubled its long TTFT). A colocated worker's prompts decode where they are, and there
+one large step that starts them all together did better (the interference benchmark's
+chunked setup lost a third of its throughput under the limit).
 """
 
 from __future__ import annotations
@@ -115,8 +117,8 @@ def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]
 
 
 def prompt_batch_tokens(costs: StepCosts, ceiling: int, least: int) -> int:
-    """Prompt tokens a step with no decodes may carry: enough that its fixed cost F is at
-    most BATCH_FIXED_SHARE of the step, and no more. Every prompt of a step gets its first
+    """Tokens of prompts a step with no decodes may start and finish: enough that its fixed
+    cost F is at most BATCH_FIXED_SHARE of the step, and no more. Every prompt of a step gets its first
     token at the step's end, so a bigger batch gains a few percent of throughput and delays
     its first prompts by the whole of it: prompts arriving together at a prefill worker ran
     as one long step, were then decoded in step, finished together and came back together,
