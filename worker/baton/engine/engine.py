@@ -310,8 +310,9 @@ class Engine:
         limit, and short prompts ride beside them: counting the chunks held both back, and
         the long prompts' TTFT doubled. Prompts that decode where they prefill join the
         batch together (a colocated worker)."""
-        if self.config.role != "prefill" or not self.config.tpot_objective_s or self.scheduler.decoding():
-            return None
+        if (self.config.role != "prefill" or not self.config.tpot_objective_s or not self.scheduler.waiting
+                or self.scheduler.decoding()):
+            return None  # only waiting prompts are admitted: no fit to compute for a step without them
         return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens, self.scheduler.chunk_size)
 
     def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:
