@@ -13,8 +13,10 @@ import torch.nn.functional as F
 from baton.engine import SamplingParams
 from baton.engine.cpu_features import this_cpu
 from baton.engine.loader import bundled_model_path
+from baton.engine.native import build
+from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import UnsupportedQuantization
-from baton.engine.quant.placement import prompt_dtype
+from baton.engine.quant.placement import dense_products, prompt_dtype
 from baton.engine.quant.weight import QuantizedWeight
 from baton.engine.scoring import prompt_logits
 
@@ -119,7 +121,13 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     assert engine.kv_dtype == fast and engine.runner.kv_caches[0][0].dtype == fast  # and the cache
     assert engine.runner.native is not None  # the native step runs either pair
     assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == fast
-    assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
+    lib = build.load()
+    products, _ = dense_products(this_cpu(), torch.float32, "auto", amx=native_quant.amx_available(lib))
+    assert products.dtype == fast
+    if products.amx:  # a CPU with AMX: bf16 products on its tiles, no dequantized copy
+        assert "bfloat16 on AMX tiles" in engine.runner.quantization
+    else:
+        assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
     assert ("prompt attention in torch.bfloat16" in caplog.text) == (fast == torch.bfloat16)
     ids = small_reference.tokenizer.encode(HELD_OUT)[:300]  # past the dense products' row counts
     got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)

@@ -53,6 +53,26 @@ def product(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.
     return out
 
 
+def amx_available(lib: ctypes.CDLL) -> bool:
+    """Whether products can run on AMX tiles here (the instructions, and the OS's leave)."""
+    return bool(lib.baton_quant_amx_available())
+
+
+def product_amx(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.Tensor:
+    """float32 x [rows, k] @ W^T -> float32 [rows, n]: bf16 products on AMX tiles, each
+    group of weight rows dequantized once into L1 (quant_amx.h)."""
+    x = x.to(torch.float32).contiguous()
+    rows = x.shape[0]
+    out = torch.empty(rows, n, dtype=torch.float32)
+    if rows:
+        scratch = torch.empty(lib.baton_quant_amx_scratch_bytes(rows, m.k), dtype=torch.uint8)
+        status = lib.baton_quant_product_amx(ctypes.byref(m), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(rows),
+                                             ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(scratch.data_ptr()))
+        if status != 0:
+            raise RuntimeError("AMX product failed: " + ("AMX unavailable" if status == -1 else "out of memory"))
+    return out
+
+
 def dequantize(lib: ctypes.CDLL, m: QuantMatrix, first: int, count: int, out: torch.Tensor | None = None,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Rows first..first+count-1 of W [count, k] in float32 or bfloat16 (`out`'s dtype if
