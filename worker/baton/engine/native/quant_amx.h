@@ -88,18 +88,22 @@ static inline void amx_dequantize_block(const uint8_t *g, const QuantFormat *f, 
 #undef AMX_PAIR
 }
 
-/* x[rows, k] float32 -> bf16 [padded, k] (round to nearest even), each 4 as x0 x2 x1 x3,
- * rows past `rows` zero. */
+/* x[rows, k] float32 -> bf16 tiles (round to nearest even): the tile of rows 16t..16t+15
+ * and block b at out + (t * nb + b) * 512, 16 rows of 32 values, each 4 as x0 x2 x1 x3;
+ * rows past `rows` zero. Contiguous tiles stream from L2 in order, where rows of the
+ * matrix would be 16 strided streams. */
 static void amx_inputs(const float *x, int rows, int padded, int k, uint16_t *out) {
     const __m512i order = _mm512_set_epi16(31, 29, 30, 28, 27, 25, 26, 24, 23, 21, 22, 20, 19, 17, 18, 16,
                                            15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
+    const int nb = k / QUANT_BLOCK;
     for (int64_t r = 0; r < padded; r++) {
-        uint16_t *o = out + r * k;
-        if (r >= rows) { memset(o, 0, sizeof(uint16_t) * k); continue; }
+        uint16_t *o = out + (r / 16) * nb * 512 + (r % 16) * QUANT_BLOCK;
         const float *v = x + r * k;
-        for (int j = 0; j < k; j += QUANT_BLOCK) { /* k is a multiple of the block */
-            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + j + 16), _mm512_loadu_ps(v + j));
-            _mm512_storeu_si512(o + j, _mm512_permutexvar_epi16(order, both));
+        for (int b = 0; b < nb; b++, o += 512) {
+            if (r >= rows) { memset(o, 0, sizeof(uint16_t) * QUANT_BLOCK); continue; }
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + b * QUANT_BLOCK + 16),
+                                                              _mm512_loadu_ps(v + b * QUANT_BLOCK));
+            _mm512_storeu_si512(o, _mm512_permutexvar_epi16(order, both));
         }
     }
 }
@@ -119,40 +123,49 @@ static void amx_panel(const uint8_t *group, const QuantFormat *f, int nb, uint16
 /* Up to two groups (32 output columns) against every input row, two row tiles at a time:
  * sums in tiles 0-3 (row tile r, group g at 2r + g), inputs in 4-5, weights in 6-7; each
  * tile loaded feeds two products. valid[g]: group g's real rows (0: no second group). */
+/* Sums tile t (group g, row tile rt of this pass) to the output: whole tiles straight
+ * into it, partial ones (the last rows, a part's last group) through `sums`. */
+#define AMX_SAVE(t, g, rt)                                                                        \
+    {                                                                                             \
+        const int first = r0 + 16 * (rt), count = rows - first < 16 ? rows - first : 16;          \
+        if (count == 16 && valid[g] == 16) {                                                      \
+            _tile_stored(t, out[g] + (int64_t)first * n, n * 4);                                  \
+        } else if (count > 0) {                                                                   \
+            _tile_stored(t, sums, 64);                                                            \
+            amx_emit(sums, count, valid[g], out[g] + (int64_t)first * n, n);                      \
+        }                                                                                         \
+    }
+
 static void amx_groups(const uint16_t *panels[2], const int valid[2], int nb, const uint16_t *in, int rows,
                        int padded, int k, float *out[2], int n) {
-    float sums[4 * 256] __attribute__((aligned(64)));
-    const int stride = k * 2, two = valid[1] > 0;
+    float sums[256] __attribute__((aligned(64)));
+    const int two = valid[1] > 0;
     for (int r0 = 0; r0 < padded; r0 += 32) {
         const int pair = padded - r0 >= 32;
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        const uint16_t *a = in + (int64_t)r0 * k;
+        const uint16_t *a = in + (int64_t)(r0 / 16) * nb * 512; /* row tile r0 / 16, block 0 */
         for (int b = 0; b < nb; b++) {
-            const uint16_t *at = a + b * QUANT_BLOCK;
+            const uint16_t *at = a + (int64_t)b * 512;
             _tile_loadd(6, panels[0] + (int64_t)b * (AMX_TILE_BYTES / 2), 64);
-            _tile_loadd(4, at, stride);
+            _tile_loadd(4, at, 64);
             _tile_dpbf16ps(0, 4, 6);
             if (two) {
                 _tile_loadd(7, panels[1] + (int64_t)b * (AMX_TILE_BYTES / 2), 64);
                 _tile_dpbf16ps(1, 4, 7);
             }
             if (pair) {
-                _tile_loadd(5, at + (int64_t)16 * k, stride);
+                _tile_loadd(5, at + (int64_t)nb * 512, 64);
                 _tile_dpbf16ps(2, 5, 6);
                 if (two) _tile_dpbf16ps(3, 5, 7);
             }
         }
-        _tile_stored(0, sums, 64);
-        if (two) _tile_stored(1, sums + 256, 64);
-        if (pair) _tile_stored(2, sums + 512, 64);
-        if (pair && two) _tile_stored(3, sums + 768, 64);
-        for (int t = 0; t < (pair ? 2 : 1); t++)
-            for (int g = 0; g <= two; g++) {
-                const int first = r0 + 16 * t, count = rows - first < 16 ? rows - first : 16;
-                if (count > 0) amx_emit(sums + 256 * (2 * t + g), count, valid[g], out[g] + (int64_t)first * n, n);
-            }
+        AMX_SAVE(0, 0, 0);
+        if (two) AMX_SAVE(1, 1, 0);
+        if (pair) AMX_SAVE(2, 0, 1);
+        if (pair && two) AMX_SAVE(3, 1, 1);
     }
 }
+#undef AMX_SAVE
 
 int baton_quant_amx_available(void) { return amx_permission(); }
 
