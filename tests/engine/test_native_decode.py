@@ -69,8 +69,7 @@ def test_disabled_by_environment(monkeypatch):
 
 def _compare_each_decode_step(engine, prompts, max_tokens, reference: NativeDecoder | None = None):
     """Run both paths on every decode-only step (native first, then torch, which keeps the
-    generation on the torch path; or the `reference` native decoder instead of torch), the
-    prompts on the torch path;
+    generation on the torch path; or the `reference` native decoder instead of torch);
     return [(native logits, reference logits, native K/V rows, reference K/V rows)]."""
     runner, native = engine.runner, engine.runner.native
     torch_run, records = runner.run, []
@@ -85,12 +84,8 @@ def _compare_each_decode_step(engine, prompts, max_tokens, reference: NativeDeco
         return torch.stack(rows).float()
 
     def both(batch, layer_hook=None):
-        if batch.prefills or layer_hook is not None:  # prompts on the torch path, as the reference
-            runner.native = None
-            try:
-                return torch_run(batch, layer_hook)
-            finally:
-                runner.native = native
+        if batch.prefills or layer_hook is not None:
+            return torch_run(batch, layer_hook)
         _, native_logits = runner._run_native_decode(batch.decodes)
         native_kv = new_token_kv(batch)
         runner.native = reference

@@ -121,13 +121,9 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs, layer_hook=None) -> torch.Tensor | None:
         """Logits [sampled rows, vocab] of one step (None on a tensor-parallel rank > 0)."""
-        if (self.native is not None and layer_hook is None
-                and self.native.runs(inputs.num_prefill_tokens, len(inputs.token_ids))):
-            # a decode-only step, or one with a short prompt chunk, in one native call (see
-            # baton.engine.native)
-            if inputs.decode_only:
-                return self.native.step(inputs.token_ids, inputs.positions, inputs.decode_tables)
-            return self.native.step(inputs.token_ids, inputs.positions, inputs.row_tables(), inputs.logits_rows)
+        if self.native is not None and inputs.decode_only and layer_hook is None:
+            # a decode-only step in one native call (see baton.engine.native)
+            return self.native.step(inputs.token_ids, inputs.positions, inputs.decode_tables)
         dev = self.device
         return self.model(
             torch.from_numpy(inputs.token_ids).to(dev),

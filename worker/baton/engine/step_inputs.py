@@ -87,18 +87,6 @@ class StepInputs:
         )
         return inputs, sampling
 
-    def row_tables(self) -> np.ndarray:
-        """int32 [N, width]: each token's sequence's block table (a prompt chunk's table once
-        per token), for a step that takes every token as a row of its own (the native one)."""
-        if self.decode_only:
-            return self.decode_tables
-        counts = np.diff(self.prefill_cu_seqlens)
-        parts = [self.prefill_tables] + ([self.decode_tables] if self.decode_tables is not None else [])
-        width = max(p.shape[1] for p in parts)
-        tables = [np.pad(p, ((0, 0), (0, width - p.shape[1]))) for p in parts]
-        prefill = np.repeat(tables[0], counts, axis=0)
-        return prefill if len(tables) == 1 else np.concatenate([prefill, tables[1]])
-
     def metadata(self, device: torch.device) -> AttentionMetadata:
         tensor = lambda a: None if a is None else torch.from_numpy(a).to(device)  # noqa: E731
         return AttentionMetadata(

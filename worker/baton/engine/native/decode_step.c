@@ -79,15 +79,12 @@ typedef struct {
      * rank holds vocabulary rows [vocab_start, vocab_start + vocab) of embed and lm_head */
     void (*all_reduce)(float *buffer, int64_t count);
     int vocab_start;
-    /* quantized products of at least this many rows run on AMX tiles (quant_amx.h); 0: never */
-    int amx_min_rows;
 } Model;
 
 typedef struct { /* scratch, each [rows, width] */
     float *residual, *normed, *qkv, *attn, *gate_up, *act, *out;
     uint16_t *matmul_input; /* bf16 only: a product's input rows */
-    void *quant_input;      /* quantized weights only: the larger of baton_quant_input_bytes and
-                               baton_quant_amx_scratch_bytes (rows, widest) */
+    void *quant_input;      /* quantized weights only: baton_quant_input_bytes(rows, widest) */
 } Workspace;
 
 static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t position) {
@@ -127,11 +124,9 @@ static void exp_in_place(float *x, int n) {
 }
 
 /* A product on quantized weights: out = x @ W^T (+ bias, of the model's dtype). */
-static void linear_quant(const Model *m, const QuantMatrix *w, const float *x, int rows, int n,
-                         const void *bias, int bias_bf16, float *out, void *scratch) {
-    /* many rows (a prompt chunk beside the decodes): AMX where the library and the OS allow */
-    if (!(m->amx_min_rows > 0 && rows >= m->amx_min_rows && baton_quant_product_amx(w, x, rows, out, scratch) == 0))
-        baton_quant_product(w, x, rows, out, scratch);
+static void linear_quant(const QuantMatrix *w, const float *x, int rows, int n, const void *bias,
+                         int bias_bf16, float *out, void *scratch) {
+    baton_quant_product(w, x, rows, out, scratch);
     if (!bias) return;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < n; j++)
@@ -143,9 +138,9 @@ static void linear_quant(const Model *m, const QuantMatrix *w, const float *x, i
 static void linear_f32(const Model *m, const Workspace *ws, const float *x, int rows, int k,
                        const void *weight, const void *unused_packed, const QuantMatrix *quant,
                        int n, const void *bias, float *out) {
-    (void)unused_packed;
+    (void)m, (void)unused_packed;
     if (quant) {
-        linear_quant(m, quant, x, rows, n, bias, 0, out, ws->quant_input);
+        linear_quant(quant, x, rows, n, bias, 0, out, ws->quant_input);
         return;
     }
     const float one = 1.0f;
@@ -210,7 +205,7 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
                         const void *bias, float *out) {
     const int64_t in_count = (int64_t)rows * k, out_count = (int64_t)rows * n;
     if (quant) {
-        linear_quant(m, quant, x, rows, n, bias, 1, out, ws->quant_input);
+        linear_quant(quant, x, rows, n, bias, 1, out, ws->quant_input);
         for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);
         return;
     }

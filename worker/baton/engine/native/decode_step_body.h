@@ -257,15 +257,12 @@ static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Wo
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
 }
 
-/* `rows` tokens at `positions`, each with its sequence's block table (a decode's one token,
- * or a prompt chunk's tokens, in order, each under the same table): writes their K/V into
- * the caches, then each attends over its positions 0..its own, so a chunk's tokens see the
- * chunk's earlier tokens and the cache's. fp32 logits of the rows `logit_rows` (ascending;
- * NULL: every row) into logits[logit_count, vocab]. */
+/* One new token for each of `rows` sequences, at `positions` (their caches hold every
+ * earlier token): writes their K/V into the caches and their fp32 logits into
+ * logits[rows, vocab]. */
 void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
                            const int64_t *positions, const int32_t *tables, int table_width,
-                           const Workspace *ws, const int64_t *logit_rows, int logit_count,
-                           float *logits) {
+                           const Workspace *ws, float *logits) {
     const int h = m->hidden;
     const int64_t width = (int64_t)rows * h;
     const ELEM *embed = (const ELEM *)m->embed;
@@ -291,14 +288,7 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
         FN(mlp_block)(m, layer, rows, ws);
     }
     FN(add_rows)(ws->residual, ws->out, width);
-    if (logit_rows) { /* only the rows that sample: moved to the front (they ascend) */
-        for (int i = 0; i < logit_count; i++)
-            if (logit_rows[i] != i)
-                memmove(ws->residual + (int64_t)i * h, ws->residual + logit_rows[i] * h, sizeof(float) * h);
-    } else {
-        logit_count = rows;
-    }
-    FN(norm_rows)(m, m->final_norm, logit_count, ws);
-    LINEAR(m, ws, ws->normed, logit_count, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab,
-           NULL, logits);
+    FN(norm_rows)(m, m->final_norm, rows, ws);
+    LINEAR(m, ws, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
+           logits);
 }

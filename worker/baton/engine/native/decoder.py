@@ -1,11 +1,9 @@
-"""Run a step of a Llama model on CPU (fp32 or bf16) through the native library.
+"""Run a decode-only step of a Llama model on CPU (fp32 or bf16) through the native library.
 
 `NativeDecoder.build(model, kv_caches)` binds the model's weights and caches once (the
 pointers stay valid: weights never move and a reshard rebinds); `step()` then runs every
-layer of a step in one call. It runs decode-only steps, and steps with a short prompt chunk
-beside the decodes (`runs`): there the torch path's fixed cost (a few hundred small torch
-calls a step) would dominate. The torch path stays the reference and handles every other
-step (long prompt chunks, layer hooks, other dtypes and devices).
+layer of a step in one call. The torch path stays the reference and handles every other
+step (prefill chunks, layer hooks, other dtypes and devices).
 """
 
 from __future__ import annotations
@@ -52,13 +50,8 @@ class _Model(ctypes.Structure):
         ("lm_head_quant", _voidp),
         ("all_reduce", _ALL_REDUCE),
         ("vocab_start", ctypes.c_int),
-        ("amx_min_rows", ctypes.c_int),
     ]
 
-
-# Prompt tokens a step may carry on the native path: its attention takes one token at a time
-# (the decode kernel), where the torch path's is tiled for long chunks.
-NATIVE_PROMPT_TOKENS = 64
 
 _WORKSPACE = ("residual", "normed", "qkv", "attn", "gate_up", "act", "out")
 
@@ -111,12 +104,6 @@ class NativeDecoder:
         self._keep = [tensor for tensor, _ in _bound_tensors(model, kv_caches, dtype)]
         products = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
         self.quantized = any(isinstance(w, QuantizedWeight) for w in (model.embed, model.lm_head, *products))
-        dense = next((w.dense for w in products if isinstance(w, QuantizedWeight)), None)
-        # the torch path's row counts for quantized products: AMX tiles from `amx_min_rows`
-        # rows here too; without AMX the torch path's dense GEMM from `dense.min_rows`, which
-        # the native step lacks, so steps that large stay there
-        self.amx_min_rows = dense.min_rows if dense is not None and dense.amx else 0
-        self.prompt_rows_limit = dense.min_rows if dense is not None and not dense.amx else None
         self.packed = packed_weights(lib, model) if dtype == torch.bfloat16 and not self.quantized else None
         self._keep.append(self.packed)
         self.bf16_dot = dtype == torch.bfloat16 and self.packed is None and use_dot_products(lib)
@@ -138,7 +125,6 @@ class NativeDecoder:
             cos_sin=ctypes.cast(model.cos_sin.data_ptr(), _f32p), bf16_dot=int(self.bf16_dot),
             embed_quant=_quant(model.embed), lm_head_quant=_quant(model.lm_head),
             all_reduce=self._reduce, vocab_start=comm.shard.vocab.start if comm is not None else 0,
-            amx_min_rows=self.amx_min_rows,
         )
         self._lib = lib
         self._widest_input = max(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
@@ -192,46 +178,29 @@ class NativeDecoder:
         self._buffers["matmul_input"] = buffer = torch.empty(self._rows * widest_input, dtype=torch.bfloat16)
         self._workspace.matmul_input = buffer.data_ptr()
         if self.quantized:
-            size = max(self._lib.baton_quant_input_bytes(self._rows, self._widest_input),
-                       self._lib.baton_quant_amx_scratch_bytes(self._rows, self._widest_input))
+            size = self._lib.baton_quant_input_bytes(self._rows, self._widest_input)
             self._buffers["quant_input"] = buffer = torch.empty(size, dtype=torch.uint8)
             self._workspace.quant_input = buffer.data_ptr()
 
-    def runs(self, prompt_tokens: int, rows: int) -> bool:
-        """Whether a step of `rows` tokens, `prompt_tokens` of them prompt chunks, runs here.
-        Under tensor parallelism only decode-only steps do (every rank decides alike)."""
-        if prompt_tokens == 0:
-            return True
-        if self.comm is not None or prompt_tokens > NATIVE_PROMPT_TOKENS:
-            return False
-        return self.prompt_rows_limit is None or rows < self.prompt_rows_limit
+    def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray) -> torch.Tensor | None:
+        """Logits [rows, vocab] (fp32) of one new token per sequence; writes their K/V.
+        Under tensor parallelism: all of the vocabulary on rank 0, None on the others.
 
-    def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray,
-             logit_rows: np.ndarray | None = None) -> torch.Tensor | None:
-        """Logits [rows, vocab] (fp32) of one step's tokens (or of `logit_rows`, ascending,
-        only); writes their K/V. Under tensor parallelism: all of the vocabulary on rank 0,
-        None on the others.
-
-        token_ids, positions: int64 [rows]; tables: int32 [rows, width], each row's
-        sequence's table covering every position up to its own (each attends over
-        positions 0..its own: a prompt chunk's rows, in order, under one table).
+        token_ids, positions: int64 [rows]; tables: int32 [rows, width], covering every
+        position up to the new token's (each attends over positions 0..its own).
         """
         rows = len(token_ids)
         self._reserve(rows)
+        logits = torch.empty(rows, self.vocab, dtype=torch.float32)
         token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         tables = np.ascontiguousarray(tables, dtype=np.int32)
-        if logit_rows is not None:
-            logit_rows = np.ascontiguousarray(logit_rows, dtype=np.int64)
-        self._check_bounds(token_ids, positions, tables, logit_rows)
-        count = rows if logit_rows is None else len(logit_rows)
-        logits = torch.empty(count, self.vocab, dtype=torch.float32)
+        self._check_bounds(token_ids, positions, tables)
         self._step(
             ctypes.byref(self._model), ctypes.c_int(rows),
             token_ids.ctypes.data_as(ctypes.c_void_p), positions.ctypes.data_as(ctypes.c_void_p),
             tables.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(tables.shape[1]),
             ctypes.byref(self._workspace),
-            None if logit_rows is None else logit_rows.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(count),
             ctypes.c_void_p(logits.data_ptr()),
         )
         if self.comm is None:
@@ -241,15 +210,12 @@ class NativeDecoder:
             raise error
         return self.comm.gather_logits(logits)
 
-    def _check_bounds(self, token_ids, positions, tables, logit_rows=None) -> None:
+    def _check_bounds(self, token_ids, positions, tables) -> None:
         """The C code indexes with these unchecked: refuse anything that would read or write
         outside the model's tables or the cache pool."""
         rows = len(token_ids)
         if not (len(positions) == tables.shape[0] == rows):
             raise ValueError(f"decode step inputs disagree on the row count ({rows})")
-        if logit_rows is not None and len(logit_rows) and (
-                logit_rows.min() < 0 or logit_rows.max() >= rows or np.any(np.diff(logit_rows) <= 0)):
-            raise ValueError(f"logit rows must ascend within [0, {rows})")
         if rows == 0:
             return
         if token_ids.min() < 0 or token_ids.max() >= self.full_vocab:
