@@ -120,9 +120,6 @@ static void amx_panel(const uint8_t *group, const QuantFormat *f, int nb, uint16
         amx_dequantize_block(group + (int64_t)b * step, f, panel + (int64_t)b * (AMX_TILE_BYTES / 2));
 }
 
-/* Up to two groups (32 output columns) against every input row, two row tiles at a time:
- * sums in tiles 0-3 (row tile r, group g at 2r + g), inputs in 4-5, weights in 6-7; each
- * tile loaded feeds two products. valid[g]: group g's real rows (0: no second group). */
 /* Sums tile t (group g, row tile rt of this pass) to the output: whole tiles straight
  * into it, partial ones (the last rows, a part's last group) through `sums`. */
 #define AMX_SAVE(t, g, rt)                                                                        \
@@ -136,8 +133,11 @@ static void amx_panel(const uint8_t *group, const QuantFormat *f, int nb, uint16
         }                                                                                         \
     }
 
+/* Up to two groups (32 output columns) against every input row, two row tiles at a time:
+ * sums in tiles 0-3 (row tile r, group g at 2r + g), inputs in 4-5, weights in 6-7; each
+ * tile loaded feeds two products. valid[g]: group g's real rows (0: no second group). */
 static void amx_groups(const uint16_t *panels[2], const int valid[2], int nb, const uint16_t *in, int rows,
-                       int padded, int k, float *out[2], int n) {
+                       int padded, float *out[2], int n) {
     float sums[256] __attribute__((aligned(64)));
     const int two = valid[1] > 0;
     for (int r0 = 0; r0 < padded; r0 += 32) {
@@ -215,7 +215,7 @@ int baton_quant_product_amx(const QuantMatrix *w, const float *x, int rows, floa
                 outs[h] = out + first_row[p] + g * QUANT_ROWS;
                 amx_panel(part->data + (int64_t)g * nb * QUANT_ROWS * f.block_bytes, &f, nb, (uint16_t *)panels[h]);
             }
-            amx_groups(panels, valid, nb, in, rows, padded, k, outs, n);
+            amx_groups(panels, valid, nb, in, rows, padded, outs, n);
         }
         if (space) _tile_release();
         free(space);
