@@ -20,14 +20,13 @@
  * other paths. Included by quant_product.h (after quant_dequantize.h).
  */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define QUANT_AMX 1
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define AMX_ARCH_REQ_XCOMP_PERM 0x1023
 #define AMX_XFEATURE_XTILEDATA 18
-#define AMX_TILE_BYTES 1024 /* 16 rows of 64 bytes */
+#define AMX_TILE_VALUES 512 /* bf16 values in a tile: 16 rows of 32 (64 bytes) */
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -89,7 +88,7 @@ static inline void amx_dequantize_block(const uint8_t *g, const QuantFormat *f, 
 }
 
 /* x[rows, k] float32 -> bf16 tiles (round to nearest even): the tile of rows 16t..16t+15
- * and block b at out + (t * nb + b) * 512, 16 rows of 32 values, each 4 as x0 x2 x1 x3;
+ * and block b at out + (t * nb + b) * AMX_TILE_VALUES, 16 rows of 32 values, each 4 as x0 x2 x1 x3;
  * rows past `rows` zero. Contiguous tiles stream from L2 in order, where rows of the
  * matrix would be 16 strided streams. */
 static void amx_inputs(const float *x, int rows, int padded, int k, uint16_t *out) {
@@ -97,9 +96,9 @@ static void amx_inputs(const float *x, int rows, int padded, int k, uint16_t *ou
                                            15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
     const int nb = k / QUANT_BLOCK;
     for (int64_t r = 0; r < padded; r++) {
-        uint16_t *o = out + (r / 16) * nb * 512 + (r % 16) * QUANT_BLOCK;
+        uint16_t *o = out + (r / 16) * nb * AMX_TILE_VALUES + (r % 16) * QUANT_BLOCK;
         const float *v = x + r * k;
-        for (int b = 0; b < nb; b++, o += 512) {
+        for (int b = 0; b < nb; b++, o += AMX_TILE_VALUES) {
             if (r >= rows) { memset(o, 0, sizeof(uint16_t) * QUANT_BLOCK); continue; }
             const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + b * QUANT_BLOCK + 16),
                                                               _mm512_loadu_ps(v + b * QUANT_BLOCK));
@@ -113,11 +112,11 @@ static inline void amx_emit(const float *sums, int rows, int valid, float *out, 
     for (int r = 0; r < rows; r++) memcpy(out + (int64_t)r * n, sums + 16 * r, sizeof(float) * valid);
 }
 
-/* One group's weights as bf16 tiles: block b at panel + b * AMX_TILE_BYTES / 2. */
+/* One group's weights as bf16 tiles: block b at panel + b * AMX_TILE_VALUES. */
 static void amx_panel(const uint8_t *group, const QuantFormat *f, int nb, uint16_t *panel) {
     const int step = QUANT_ROWS * f->block_bytes;
     for (int b = 0; b < nb; b++)
-        amx_dequantize_block(group + (int64_t)b * step, f, panel + (int64_t)b * (AMX_TILE_BYTES / 2));
+        amx_dequantize_block(group + (int64_t)b * step, f, panel + (int64_t)b * AMX_TILE_VALUES);
 }
 
 /* Sums tile t (group g, row tile rt of this pass) to the output: whole tiles straight
@@ -143,18 +142,18 @@ static void amx_groups(const uint16_t *panels[2], const int valid[2], int nb, co
     for (int r0 = 0; r0 < padded; r0 += 32) {
         const int pair = padded - r0 >= 32;
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        const uint16_t *a = in + (int64_t)(r0 / 16) * nb * 512; /* row tile r0 / 16, block 0 */
+        const uint16_t *a = in + (int64_t)(r0 / 16) * nb * AMX_TILE_VALUES; /* row tile r0 / 16, block 0 */
         for (int b = 0; b < nb; b++) {
-            const uint16_t *at = a + (int64_t)b * 512;
-            _tile_loadd(6, panels[0] + (int64_t)b * (AMX_TILE_BYTES / 2), 64);
+            const uint16_t *at = a + (int64_t)b * AMX_TILE_VALUES;
+            _tile_loadd(6, panels[0] + (int64_t)b * AMX_TILE_VALUES, 64);
             _tile_loadd(4, at, 64);
             _tile_dpbf16ps(0, 4, 6);
             if (two) {
-                _tile_loadd(7, panels[1] + (int64_t)b * (AMX_TILE_BYTES / 2), 64);
+                _tile_loadd(7, panels[1] + (int64_t)b * AMX_TILE_VALUES, 64);
                 _tile_dpbf16ps(1, 4, 7);
             }
             if (pair) {
-                _tile_loadd(5, at + (int64_t)nb * 512, 64);
+                _tile_loadd(5, at + (int64_t)nb * AMX_TILE_VALUES, 64);
                 _tile_dpbf16ps(2, 5, 6);
                 if (two) _tile_dpbf16ps(3, 5, 7);
             }
@@ -181,18 +180,12 @@ int baton_quant_product_amx(const QuantMatrix *w, const float *x, int rows, floa
     const int k = w->k, nb = k / QUANT_BLOCK, padded = (rows + 15) / 16 * 16;
     uint16_t *in = (uint16_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     amx_inputs(x, rows, padded, k, in);
-    int first_group[QUANT_MAX_PARTS + 1], first_row[QUANT_MAX_PARTS + 1];
-    first_group[0] = first_row[0] = 0;
-    for (int p = 0; p < w->count; p++) {
-        first_group[p + 1] = first_group[p] + (w->parts[p].rows + QUANT_ROWS - 1) / QUANT_ROWS;
-        first_row[p + 1] = first_row[p] + w->parts[p].rows;
-    }
-    const int n = first_row[w->count];
-    const int groups = first_group[w->count];
+    const QuantLayout l = quant_layout(w);
+    const int n = l.first_row[w->count], groups = l.first_group[w->count];
     int failed = 0;
 #pragma omp parallel
     {
-        uint16_t *space = aligned_alloc(64, (size_t)2 * nb * AMX_TILE_BYTES);
+        uint16_t *space = aligned_alloc(64, (size_t)2 * nb * AMX_TILE_VALUES * sizeof(uint16_t));
         if (!space) {
 #pragma omp atomic write
             failed = 1;
@@ -201,19 +194,14 @@ int baton_quant_product_amx(const QuantMatrix *w, const float *x, int rows, floa
 #pragma omp for schedule(static)
         for (int pi = 0; pi < (groups + 1) / 2; pi++) {
             if (!space) continue;
-            const uint16_t *panels[2] = {space, space + (int64_t)nb * (AMX_TILE_BYTES / 2)};
+            const uint16_t *panels[2] = {space, space + (int64_t)nb * AMX_TILE_VALUES};
             int valid[2] = {0, 0};
             float *outs[2] = {out, out};
             for (int h = 0; h < 2 && 2 * pi + h < groups; h++) {
-                const int gi = 2 * pi + h;
-                int p = 0;
-                while (gi >= first_group[p + 1]) p++;
-                const QuantPart *part = &w->parts[p];
-                const QuantFormat f = quant_format(part->format);
-                const int g = gi - first_group[p];
-                valid[h] = part->rows - g * QUANT_ROWS < QUANT_ROWS ? part->rows - g * QUANT_ROWS : QUANT_ROWS;
-                outs[h] = out + first_row[p] + g * QUANT_ROWS;
-                amx_panel(part->data + (int64_t)g * nb * QUANT_ROWS * f.block_bytes, &f, nb, (uint16_t *)panels[h]);
+                const QuantGroup grp = quant_group(w, &l, 2 * pi + h);
+                valid[h] = grp.valid;
+                outs[h] = out + grp.column;
+                amx_panel(grp.data, &grp.format, nb, (uint16_t *)panels[h]);
             }
             amx_groups(panels, valid, nb, in, rows, padded, outs, n);
         }
@@ -223,7 +211,6 @@ int baton_quant_product_amx(const QuantMatrix *w, const float *x, int rows, floa
     return failed ? -2 : 0;
 }
 #else
-#define QUANT_AMX 0
 int baton_quant_amx_available(void) { return 0; }
 int64_t baton_quant_amx_scratch_bytes(int rows, int k) { return (int64_t)rows * k * 2 + 64; }
 int baton_quant_product_amx(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch) {

@@ -65,24 +65,48 @@ static void quantize_input(const float *x, int rows, int k, const QuantInput *in
     }
 }
 
+typedef struct { /* where a matrix's groups of 16 weight rows and its output columns start, part by part */
+    int first_group[QUANT_MAX_PARTS + 1], first_row[QUANT_MAX_PARTS + 1];
+} QuantLayout;
+
+static QuantLayout quant_layout(const QuantMatrix *w) {
+    QuantLayout l;
+    l.first_group[0] = l.first_row[0] = 0;
+    for (int p = 0; p < w->count; p++) {
+        l.first_group[p + 1] = l.first_group[p] + (w->parts[p].rows + QUANT_ROWS - 1) / QUANT_ROWS;
+        l.first_row[p + 1] = l.first_row[p] + w->parts[p].rows;
+    }
+    return l;
+}
+
+typedef struct { /* one group of weight rows */
+    const uint8_t *data; /* its blocks */
+    QuantFormat format;
+    int valid;  /* its real rows: a part's last group may hold fewer than QUANT_ROWS */
+    int column; /* its first output column */
+} QuantGroup;
+
+/* Group gi of the matrix (counted over all parts). */
+static inline QuantGroup quant_group(const QuantMatrix *w, const QuantLayout *l, int gi) {
+    int p = 0;
+    while (gi >= l->first_group[p + 1]) p++;
+    const QuantPart *part = &w->parts[p];
+    const QuantFormat f = quant_format(part->format);
+    const int g = gi - l->first_group[p], left = part->rows - g * QUANT_ROWS;
+    return (QuantGroup){part->data + (int64_t)g * (w->k / QUANT_BLOCK) * QUANT_ROWS * f.block_bytes, f,
+                        left < QUANT_ROWS ? left : QUANT_ROWS, l->first_row[p] + g * QUANT_ROWS};
+}
+
 /* out[rows, n] = the quantized input rows @ W^T (n: all parts' rows). Threads take groups. */
 static void quant_product(const QuantMatrix *w, const QuantInput *x, int rows, float *out) {
-    int first_group[QUANT_MAX_PARTS + 1], first_row[QUANT_MAX_PARTS + 1];
-    first_group[0] = first_row[0] = 0;
-    for (int p = 0; p < w->count; p++) {
-        first_group[p + 1] = first_group[p] + (w->parts[p].rows + QUANT_ROWS - 1) / QUANT_ROWS;
-        first_row[p + 1] = first_row[p] + w->parts[p].rows;
-    }
-    const int n = first_row[w->count], nb = w->k / QUANT_BLOCK;
+    const QuantLayout l = quant_layout(w);
+    const int n = l.first_row[w->count], nb = w->k / QUANT_BLOCK;
 #pragma omp parallel for schedule(static)
-    for (int gi = 0; gi < first_group[w->count]; gi++) {
-        int p = 0;
-        while (gi >= first_group[p + 1]) p++;
-        const QuantPart *part = &w->parts[p];
-        const QuantFormat f = quant_format(part->format);
-        const int g = gi - first_group[p];
-        const uint8_t *group = part->data + (int64_t)g * nb * QUANT_ROWS * f.block_bytes;
-        const int valid = part->rows - g * QUANT_ROWS < QUANT_ROWS ? part->rows - g * QUANT_ROWS : QUANT_ROWS;
+    for (int gi = 0; gi < l.first_group[w->count]; gi++) {
+        const QuantGroup grp = quant_group(w, &l, gi);
+        const uint8_t *group = grp.data;
+        const QuantFormat f = grp.format;
+        const int valid = grp.valid;
         float sums[QUANT_INPUT_ROWS * QUANT_ROWS];
         for (int r0 = 0; r0 < rows; r0 += QUANT_INPUT_ROWS) {
             const int nr = rows - r0 < QUANT_INPUT_ROWS ? rows - r0 : QUANT_INPUT_ROWS;
@@ -99,7 +123,7 @@ static void quant_product(const QuantMatrix *w, const QuantInput *x, int rows, f
                 default: group_dot(group, &f, nb, x, w->k, r0, QUANT_INPUT_ROWS, sums); break;
             }
             for (int r = 0; r < nr; r++)
-                memcpy(out + (int64_t)(r0 + r) * n + first_row[p] + g * QUANT_ROWS, sums + r * QUANT_ROWS,
+                memcpy(out + (int64_t)(r0 + r) * n + grp.column, sums + r * QUANT_ROWS,
                        sizeof(float) * valid);
         }
     }
