@@ -127,13 +127,16 @@ def test_fp32_step_matches_the_torch_path(engine_fp32, prompts, new_tokens):
 def assert_matches_over_a_bf16_cache(records) -> None:
     """fp32 activations over a bf16 cache: both paths read the same rounded rows and compute
     in fp32; a new row's fp32 sums, added in other orders, may round one bf16 step apart
-    (0.4%), and a row one step apart moves every later layer a little (logits ~3e-3 apart
-    where an fp32 cache keeps them within 2e-4). Most sums round alike: over all the steps'
-    new rows, not always within one step of a single row, where one early row moves the rest."""
+    (0.4%), and a row one step apart moves every later layer a little, where an fp32 cache
+    keeps logits within 2e-4. How far depends on the CPU's orders of summation: logits at
+    most ~3e-3 apart on a Xeon with AMX, 1.3e-2 on an AMD EPYC (Zen 5), a mean of ~1e-3 on
+    both. Most sums round alike: over all the steps' new rows, not always within one step
+    of a single row, where one early row moves the rest."""
     alike = []
     for native_logits, torch_logits, native_kv, torch_kv in records:
         assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
-        torch.testing.assert_close(native_logits, torch_logits, atol=1e-2, rtol=1e-3)
+        apart = (native_logits - torch_logits).abs()
+        assert apart.mean() < 3e-3 and apart.max() < 4e-2, (apart.mean(), apart.max())
         torch.testing.assert_close(native_kv, torch_kv, atol=2e-2, rtol=2e-2)
         alike.append(native_kv.eq(torch_kv).float().mean())
         assert alike[-1] > 0.9
