@@ -7,7 +7,7 @@ import torch
 
 from baton.engine.config import EngineConfig
 from baton.engine.cpu_features import auto_cpu_dtype, parse_cpuinfo, this_cpu
-from baton.engine.quant.placement import AMX_MIN_ROWS, DENSE_MIN_ROWS, dense_products, prompt_dtype
+from baton.engine.quant.placement import BF16_MIN_ROWS, DENSE_MIN_ROWS, dense_products, prompt_dtype
 
 from .conftest import make_engine
 
@@ -133,19 +133,22 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
     assert chosen.dtype == gemm and chosen.min_rows == DENSE_MIN_ROWS[gemm]
     assert why.startswith(str(gemm).removeprefix("torch.")) and str(chosen.min_rows) in why
     # below it the int16 kernels win (a step's dequantizing costs more than it saves)
-    assert chosen.min_rows >= 64 and not chosen.amx
+    assert chosen.min_rows >= 64 and not chosen.engine
 
 
-@pytest.mark.parametrize("dtype, asked, amx", [
-    (torch.float32, "auto", True),  # quantized auto: bf16 products, on the tiles
-    (torch.bfloat16, "bfloat16", True),
-    (torch.float32, "float32", False),  # float32 asked for: AMX multiplies bf16 only
+@pytest.mark.parametrize("text, engines, dtype, asked, engine", [
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "amx"], torch.float32, "auto", "amx"),  # quantized auto: bf16, the fastest
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "amx"], torch.bfloat16, "bfloat16", "amx"),
+    (SAPPHIRE_RAPIDS, ["avx512_bf16"], torch.float32, "auto", "avx512_bf16"),  # the OS refused AMX
+    (ZEN4, ["avx512_bf16"], torch.float32, "auto", "avx512_bf16"),
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "amx"], torch.float32, "float32", ""),  # float32 asked for: bf16 engines unused
 ])
-def test_with_amx_in_the_library_bf16_prompt_products_run_on_its_tiles(dtype, asked, amx):
-    chosen, why = dense_products(parse_cpuinfo(SAPPHIRE_RAPIDS, "x86_64"), dtype, asked, amx=True)
-    assert chosen.amx == amx
-    if amx:
-        assert chosen.dtype == torch.bfloat16 and chosen.min_rows == AMX_MIN_ROWS and "AMX" in why
-        assert AMX_MIN_ROWS < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
+def test_with_bf16_engines_in_the_library_prompt_products_dequantize_inside_them(text, engines, dtype, asked, engine):
+    chosen, why = dense_products(parse_cpuinfo(text, "x86_64"), dtype, asked, engines=engines)
+    assert chosen.engine == engine
+    if engine:
+        assert chosen.dtype == torch.bfloat16 and chosen.min_rows == BF16_MIN_ROWS[engine]
+        assert ("AMX" if engine == "amx" else "AVX512-BF16") in why
+        assert BF16_MIN_ROWS[engine] < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
     else:
         assert chosen.dtype == torch.float32 and chosen.min_rows == DENSE_MIN_ROWS[torch.float32]

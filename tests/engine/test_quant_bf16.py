@@ -1,6 +1,7 @@
-"""Products on quantized weights through AMX tiles (native/quant_amx.h): the same values
-as the bf16 dense path (its tiles, its rounding of the inputs), rows independent of their
-batch, and the weight's dispatch. Skipped where the CPU or the OS gives no AMX."""
+"""bf16 products on quantized weights, dequantized inside the product (native/quant_bf16.h),
+on each engine this machine has (AVX512-BF16, AMX): the same values as the bf16 dense path
+(its tiles, its rounding of the inputs), rows independent of their batch, and the weight's
+dispatch. An engine the CPU or the OS does not give is skipped, naming why."""
 
 from __future__ import annotations
 
@@ -24,11 +25,20 @@ def lib():
     lib = build.load()
     if lib is None:
         pytest.skip(f"native library unavailable: {build.failure()}")
-    if not native_quant.amx_available(lib):
-        flags = this_cpu().flags
-        why = "the OS refused AMX state" if {"amx_tile", "amx_bf16"} <= flags else "this CPU has no AMX (amx_bf16)"
-        pytest.skip(f"no AMX products here: {why}")
     return lib
+
+
+@pytest.fixture(params=["avx512_bf16", "amx"])
+def engine(request, lib):
+    name = request.param
+    if name not in native_quant.bf16_engines(lib):
+        flags = this_cpu().flags
+        if name == "amx":
+            why = "the OS refused AMX state" if {"amx_tile", "amx_bf16"} <= flags else "this CPU has no AMX (amx_bf16)"
+        else:
+            why = "this CPU has no AVX512-BF16 (avx512_bf16)"
+        pytest.skip(f"no {name} products here: {why}")
+    return name
 
 
 def _weight(lib, parts) -> QuantizedWeight:
@@ -50,38 +60,38 @@ def _inputs(rows: int, k: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", list(FORMATS))
 @pytest.mark.parametrize("rows", [1, 15, 16, 17, 40])  # partial and whole tiles of 16, one or two at once
-def test_product_matches_the_bf16_dense_values(lib, name, rows):
+def test_product_matches_the_bf16_dense_values(lib, engine, name, rows):
     w = _weight(lib, [(name, random_rows(FORMATS[name], 37, 96, seed=rows))])  # 3 groups, the last partial
     x = _inputs(rows, 96, seed=rows)
-    got = native_quant.product_amx(lib, w.native_matrix, x, 37)
+    got = native_quant.product_bf16(lib, w.native_matrix, x, 37, engine)
     expected = _bf16_reference(lib, w, x)
     assert got.dtype == torch.float32 and got.shape == (rows, 37)
     # only the float32 sums round: a few ulps of the largest partial sums
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-def test_a_matrix_of_parts_in_three_formats(lib):
+def test_a_matrix_of_parts_in_three_formats(lib, engine):
     parts = [("Q4_0", random_rows(FORMATS["Q4_0"], 20, 64, 1)), ("Q8_0", random_rows(FORMATS["Q8_0"], 33, 64, 2)),
              ("Q4_1", random_rows(FORMATS["Q4_1"], 16, 64, 3))]
     w = _weight(lib, parts)
     x = _inputs(21, 64, seed=4)
     expected = _bf16_reference(lib, w, x)
-    torch.testing.assert_close(native_quant.product_amx(lib, w.native_matrix, x, 69), expected,
+    torch.testing.assert_close(native_quant.product_bf16(lib, w.native_matrix, x, 69, engine), expected,
                                rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-def test_a_rows_result_does_not_depend_on_its_batch(lib):
+def test_a_rows_result_does_not_depend_on_its_batch(lib, engine):
     w = _weight(lib, [("Q4_1", random_rows(FORMATS["Q4_1"], 48, 128, seed=5))])
     x = _inputs(35, 128, seed=6)
-    together = native_quant.product_amx(lib, w.native_matrix, x, 48)
-    for row in (0, 16, 34):
-        alone = native_quant.product_amx(lib, w.native_matrix, x[row : row + 1], 48)
+    together = native_quant.product_bf16(lib, w.native_matrix, x, 48, engine)
+    for row in (0, 7, 8, 16, 34):
+        alone = native_quant.product_bf16(lib, w.native_matrix, x[row : row + 1], 48, engine)
         assert torch.equal(alone[0], together[row])
 
 
-def test_the_weight_sends_many_rows_to_amx_and_few_to_the_int16_kernels(lib, monkeypatch):
+def test_the_weight_sends_many_rows_to_its_engine_and_few_to_the_int16_kernels(lib, engine, monkeypatch):
     w = _weight(lib, [("Q8_0", random_rows(FORMATS["Q8_0"], 24, 64, seed=7))])
-    w.dense = DenseProducts(torch.bfloat16, min_rows=4, amx=True)
+    w.dense = DenseProducts(torch.bfloat16, min_rows=4, engine=engine)
     x = _inputs(4, 64, seed=8)
     expected = _bf16_reference(lib, w, x)
     int16 = []
@@ -94,12 +104,15 @@ def test_the_weight_sends_many_rows_to_amx_and_few_to_the_int16_kernels(lib, mon
     assert len(int16) == 1  # below min_rows
 
 
-def test_a_library_built_without_amx_says_so_and_refuses():
+def test_a_library_built_without_bf16_instructions_says_so_and_refuses():
     if platform.machine() != "x86_64" or not {"avx512f", "avx512bw"} <= this_cpu().flags:
         pytest.skip("needs a CPU that runs -march=x86-64-v4 code")
     flags = ["-march=x86-64-v4" if flag == "-march=native" else flag for flag in build.FLAGS]
     lib = build.open_library(build.build_library(build.cache_dir(), flags))
-    assert not native_quant.amx_available(lib)
+    assert native_quant.bf16_engines(lib) == []
     w = _weight(lib, [("Q4_0", random_rows(FORMATS["Q4_0"], 16, 64, seed=9))])
-    with pytest.raises(RuntimeError, match="AMX unavailable"):
-        native_quant.product_amx(lib, w.native_matrix, _inputs(2, 64, seed=9), 16)
+    for engine in ("", "amx", "avx512_bf16"):
+        with pytest.raises(RuntimeError, match=f"{engine or 'every engine'} unavailable here"):
+            native_quant.product_bf16(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, engine)
+    with pytest.raises(ValueError, match="unknown bf16 engine 'avx2'"):
+        native_quant.product_bf16(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, "avx2")

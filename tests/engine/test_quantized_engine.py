@@ -122,10 +122,10 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     assert engine.runner.native is not None  # the native step runs either pair
     assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == fast
     lib = build.load()
-    products, _ = dense_products(this_cpu(), torch.float32, "auto", amx=native_quant.amx_available(lib))
+    products, _ = dense_products(this_cpu(), torch.float32, "auto", engines=native_quant.bf16_engines(lib))
     assert products.dtype == fast
-    if products.amx:  # a CPU with AMX: bf16 products on its tiles, no dequantized copy
-        assert "bfloat16 on AMX tiles" in engine.runner.quantization
+    if products.engine:  # a CPU that multiplies bf16: products dequantized inside them, no copy
+        assert "dequantized inside the product" in engine.runner.quantization
     else:
         assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
     assert ("prompt attention in torch.bfloat16" in caplog.text) == (fast == torch.bfloat16)

@@ -53,23 +53,34 @@ def product(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.
     return out
 
 
-def amx_available(lib: ctypes.CDLL) -> bool:
-    """Whether products can run on AMX tiles here (the instructions, and the OS's leave)."""
-    return bool(lib.baton_quant_amx_available())
+# quant_bf16.h's engines: bit number and name
+BF16_ENGINES = {1: "avx512_bf16", 2: "amx"}
+_BF16_ENGINE_IDS = {name: bit for bit, name in BF16_ENGINES.items()}
 
 
-def product_amx(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.Tensor:
-    """float32 x [rows, k] @ W^T -> float32 [rows, n]: bf16 products on AMX tiles, each
-    group of weight rows dequantized once into L1 (quant_amx.h)."""
+def bf16_engines(lib: ctypes.CDLL) -> list[str]:
+    """The engines that can run bf16 products on quantized weights here, fastest last
+    (the instructions compiled in, and for AMX the OS's leave)."""
+    mask = lib.baton_quant_bf16_engines()
+    return [name for bit, name in sorted(BF16_ENGINES.items()) if mask & 1 << bit]
+
+
+def product_bf16(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int, engine: str = "") -> torch.Tensor:
+    """float32 x [rows, k] @ W^T -> float32 [rows, n]: bf16 products, each group of weight
+    rows dequantized once into cache (quant_bf16.h), on `engine` (default: the fastest)."""
+    if engine and engine not in _BF16_ENGINE_IDS:
+        raise ValueError(f"unknown bf16 engine {engine!r}: one of {sorted(_BF16_ENGINE_IDS)}")
     x = x.to(torch.float32).contiguous()
     rows = x.shape[0]
     out = torch.empty(rows, n, dtype=torch.float32)
     if rows:
-        scratch = torch.empty(lib.baton_quant_amx_scratch_bytes(rows, m.k), dtype=torch.uint8)
-        status = lib.baton_quant_product_amx(ctypes.byref(m), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(rows),
-                                             ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(scratch.data_ptr()))
+        scratch = torch.empty(lib.baton_quant_bf16_scratch_bytes(rows, m.k), dtype=torch.uint8)
+        status = lib.baton_quant_product_bf16(
+            ctypes.byref(m), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(rows), ctypes.c_void_p(out.data_ptr()),
+            ctypes.c_void_p(scratch.data_ptr()), ctypes.c_int(_BF16_ENGINE_IDS.get(engine, 0)))
         if status != 0:
-            raise RuntimeError("AMX product failed: " + ("AMX unavailable" if status == -1 else "out of memory"))
+            raise RuntimeError(f"bf16 product failed: {engine or 'every engine'} unavailable here"
+                               if status == -1 else "bf16 product failed: out of memory")
     return out
 
 

@@ -144,4 +144,4 @@ void baton_quant_quantize_input(const float *x, int rows, int k, int16_t *q, flo
 }
 
 #include "quant_dequantize.h"
-#include "quant_amx.h"
+#include "quant_bf16.h"

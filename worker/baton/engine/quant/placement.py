@@ -26,11 +26,14 @@ KERNELS = {  # quant_kernels.h's names
 # 128; fp32 tiles broke even at ~200 rows (two threads). Decode-only steps take the native
 # step, whose products stay on the int16 kernels (each weight byte read once per step).
 DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
-# With AMX the many-row products dequantize inside the product (native/quant_amx.h): no
-# pass over the whole matrix per step, so they pay from fewer rows. SmolLM2's matrices on
-# one thread of a Xeon with AMX: even with the int16 kernels at ~8 rows, 1.7x faster at 16,
-# 2-3x at 32-64.
-AMX_MIN_ROWS = 16
+# Where the library multiplies bf16 itself (native/quant_bf16.h), many-row products
+# dequantize inside the product: no pass over the whole matrix per step, so they pay from
+# fewer rows. SmolLM2's matrices on one thread: AMX on a Xeon even with the int16 kernels
+# at ~8 rows, 1.7x faster at 16, 2-3x at 32-64; AVX512-BF16 on an AMD EPYC (Zen 5,
+# bench/results/quant_products*.json) even at ~15 rows, 1.3x faster at 32, and 1.1-1.3x
+# faster than dequantizing for torch's bf16 GEMM at every row count up to 512 (one and
+# two threads).
+BF16_MIN_ROWS = {"amx": 16, "avx512_bf16": 16}
 
 
 def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
@@ -45,14 +48,20 @@ def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[to
     return torch.float32, why
 
 
+ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16"}
+
+
 def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
-                   amx: bool = False) -> tuple[DenseProducts, str]:
-    """How a CPU's many-row products run, and why (see `prompt_dtype`). `amx`: the native
-    library can use AMX tiles here; they serve bf16 products only."""
+                   engines: tuple[str, ...] | list[str] = ()) -> tuple[DenseProducts, str]:
+    """How a CPU's many-row products run, and why (see `prompt_dtype`). `engines`: the
+    native library's bf16 engines here, fastest last (native/quant.py's `bf16_engines`);
+    they serve bf16 products only."""
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
-    if amx and gemm == torch.bfloat16:
-        return (DenseProducts(gemm, AMX_MIN_ROWS, amx=True),
-                f"bfloat16 on AMX tiles, dequantized inside the product, from {AMX_MIN_ROWS} rows: {why}")
+    if engines and gemm == torch.bfloat16:
+        engine = engines[-1]
+        rows = BF16_MIN_ROWS[engine]
+        return (DenseProducts(gemm, rows, engine=engine),
+                f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product, from {rows} rows: {why}")
     rows = DENSE_MIN_ROWS[gemm]
     return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
 
@@ -83,17 +92,17 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
         how = "Triton kernel, dequantizing inside the matmul"
     else:
         from baton.engine.native import build
-        from baton.engine.native.quant import amx_available, dequantize_kernel_name, kernel_name
+        from baton.engine.native.quant import bf16_engines, dequantize_kernel_name, kernel_name
 
         lib = build.load()
         if lib is None:
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
-            dense, dense_why = dense_products(this_cpu(), dtype, asked_dtype, amx=amx_available(lib))
+            dense, dense_why = dense_products(this_cpu(), dtype, asked_dtype, engines=bf16_engines(lib))
             for w in weights:
                 w.use_native(lib, dense)
             name = kernel_name(lib)
-            tiles = "" if dense.amx else f"tiles dequantized ({dequantize_kernel_name(lib)}), "
+            tiles = "" if dense.engine else f"tiles dequantized ({dequantize_kernel_name(lib)}), "
             how = (f"native {name} kernels ({KERNELS.get(name, name)}) on {this_cpu().describe()}; "
                    f"prompt chunks: {tiles}{dense_why}")
     log.info("quantization %s: the checkpoint's blocks as they are (%s; %.0f MB); products: %s",

@@ -7,10 +7,10 @@ the file stores them. How a product runs depends on where it runs:
 - CPU with the native library: the blocks are rearranged once into the 16-row layout
   (quant/interleave.py). Products of few rows (decode) run on the int16 kernels
   (native/quant_*.h), which read each weight byte once. Products of many rows (a prompt's
-  chunk) are compute-bound. Where the CPU has AMX they run on its tiles in bf16, each group
-  of 16 weight rows dequantized once per product into L1 (native/quant_amx.h). Elsewhere
-  tiles of the matrix are dequantized into a scratch buffer and multiplied by the CPU's
-  dense GEMM (AVX512-BF16 in bf16 where the CPU has it, fp32 elsewhere). quant/placement.py
+  chunk) are compute-bound. Where the CPU multiplies bf16 (AMX tiles or AVX512-BF16) they
+  run in bf16, each group of 16 weight rows dequantized once per product into cache
+  (native/quant_bf16.h). Elsewhere tiles of the matrix are dequantized into a scratch
+  buffer and multiplied by the CPU's dense GEMM in fp32. quant/placement.py
   picks the path and the row count. A row's result then depends on whether its step had
   enough rows for that path: decode batches below that count stay batch-invariant.
 - CUDA: a Triton kernel dequantizes inside the matmul (kernels/triton/quant_matmul.py).
@@ -41,12 +41,13 @@ DENSE_TILE_VALUES = 1 << 22  # weight values dequantized at a time for a dense p
 @dataclass(frozen=True)
 class DenseProducts:
     """Products of at least `min_rows` input rows run as dequantized tiles times a dense
-    GEMM in `dtype` (its sums in float32, its output rounded to `dtype`), or with `amx` on
-    AMX tiles in bf16, dequantized inside the product (float32 sums and output)."""
+    GEMM in `dtype` (its sums in float32, its output rounded to `dtype`), or with `engine`
+    (native/quant.py's BF16_ENGINES) in bf16, dequantized inside the product (float32 sums
+    and output)."""
 
     dtype: torch.dtype
     min_rows: int
-    amx: bool = False
+    engine: str = ""
 
 
 @dataclass
@@ -176,7 +177,7 @@ class QuantizedWeight(nn.Module):
 
             out = quant_matmul(x, self)
         elif self._matrix is not None and self.dense is not None and x.shape[0] >= self.dense.min_rows:
-            out = self._amx_linear(x) if self.dense.amx else self._dense_linear(x)
+            out = self._bf16_linear(x) if self.dense.engine else self._dense_linear(x)
         elif self._matrix is not None:
             from baton.engine.native import quant as native_quant
 
@@ -195,10 +196,10 @@ class QuantizedWeight(nn.Module):
             out[:, first : first + count] = x @ self.dequantize(first, count).to(x.dtype).t()
         return out
 
-    def _amx_linear(self, x: torch.Tensor) -> torch.Tensor:
+    def _bf16_linear(self, x: torch.Tensor) -> torch.Tensor:
         from baton.engine.native import quant as native_quant
 
-        return native_quant.product_amx(self._lib, self._matrix, x, self.shape[0])
+        return native_quant.product_bf16(self._lib, self._matrix, x, self.shape[0], self.dense.engine)
 
     def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W^T in float32 through the dense GEMM, a few million weight values at a time
