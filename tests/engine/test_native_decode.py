@@ -121,7 +121,9 @@ def test_fp32_step_matches_the_torch_path(engine_fp32, prompts, new_tokens):
         assert native_logits.shape == torch_logits.shape
         assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
         torch.testing.assert_close(native_logits, torch_logits, atol=2e-4, rtol=1e-5)
-        torch.testing.assert_close(native_kv, torch_kv, atol=1e-5, rtol=1e-5)
+        # K/V of the last layers carry 29 layers of fp32 summation-order differences: 1.05e-5
+        # seen once (of 57,600 values, on an AMD EPYC)
+        torch.testing.assert_close(native_kv, torch_kv, atol=2e-5, rtol=1e-5)
 
 
 def assert_matches_over_a_bf16_cache(records) -> None:

@@ -14,6 +14,7 @@ from baton.engine import SamplingParams
 from baton.engine.cpu_features import this_cpu
 from baton.engine.loader import bundled_model_path
 from baton.engine.native import build
+from baton.engine.native import prompt_attention as native_attention
 from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import UnsupportedQuantization
 from baton.engine.quant.placement import dense_products, prompt_dtype
@@ -120,15 +121,20 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     fast, _ = prompt_dtype(this_cpu(), torch.float32, "auto")  # bf16 where the CPU has it
     assert engine.kv_dtype == fast and engine.runner.kv_caches[0][0].dtype == fast  # and the cache
     assert engine.runner.native is not None  # the native step runs either pair
-    assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == fast
     lib = build.load()
+    cfg = engine.model_config
+    unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, fast)
+    native, _ = native_attention.choose(this_cpu().flags, fast, unsupported)
+    # prompt attention: the native kernel in float32 where it is the faster, else torch's in `fast`
+    assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == (torch.float32 if native else fast)
+    assert ("prompt attention native in float32" in caplog.text) == native
     products, _ = dense_products(this_cpu(), torch.float32, "auto", engines=native_quant.bf16_engines(lib))
     assert products.dtype == fast
     if products.engine:  # a CPU that multiplies bf16: products dequantized inside them, no copy
         assert "dequantized inside the product" in engine.runner.quantization
     else:
         assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
-    assert ("prompt attention in torch.bfloat16" in caplog.text) == (fast == torch.bfloat16)
+    assert ("prompt attention in torch.bfloat16" in caplog.text) == (fast == torch.bfloat16 and not native)
     ids = small_reference.tokenizer.encode(HELD_OUT)[:300]  # past the dense products' row counts
     got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)
     agree = (reference.argmax(-1) == got.argmax(-1)).float().mean().item()

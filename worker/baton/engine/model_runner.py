@@ -6,6 +6,7 @@ with a `comm` for the collectives; rank 0's drives the others (engine.parallel.r
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -58,10 +59,7 @@ class ModelRunner:
         self.model.to(device)
         self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)
         if device.type == "cpu":
-            attention, why = prompt_dtype(this_cpu(), dtype, config.dtype)
-            if attention != dtype:
-                compute_prompt_attention_in(self.ops, attention)
-                log.info("prompt attention in %s, activations in %s: %s", attention, dtype, why)
+            self._choose_prompt_attention(dtype, config)
         self.model.prepare()
         self.num_blocks = num_blocks or self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
@@ -71,6 +69,28 @@ class ModelRunner:
         # under tensor parallelism its sums over the ranks come in the torch path's order, so
         # ranks may take either path in one step
         self.native = NativeDecoder.build(self.model, self.kv_caches, device, dtype, comm)
+
+    def _choose_prompt_attention(self, dtype: torch.dtype, config: EngineConfig) -> None:
+        """On CPU: native prompt attention (native/prompt_attention.py) where it is the faster,
+        else torch's in the CPU's fast dtype; logged."""
+        from baton.engine.native import build
+        from baton.engine.native import prompt_attention as native_attention
+
+        attention, why = prompt_dtype(this_cpu(), dtype, config.dtype)
+        cfg = self.model_config
+        lib = build.load()
+        unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
+        native, reason = native_attention.choose(this_cpu().flags, attention, unsupported,
+                                                 disabled=os.environ.get("BATON_NATIVE_PROMPT_ATTENTION") == "0")
+        if native:
+            self.ops.paged_prefill_attention = native_attention.paged_prefill_attention_op(lib)
+            self.ops.prompt_attention_dtype = torch.float32
+            log.info("prompt attention native in float32: %s", reason)
+            return
+        if attention != dtype:
+            compute_prompt_attention_in(self.ops, attention)
+            log.info("prompt attention in %s, activations in %s: %s (native kernel unused: %s)",
+                     attention, dtype, why, reason)
 
     # -- KV cache --------------------------------------------------------------------
     def block_bytes(self) -> int:

@@ -123,6 +123,8 @@ static void exp_in_place(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= scale[i];
 }
 
+#include "prompt_attention.h"
+
 /* A product on quantized weights: out = x @ W^T (+ bias, of the model's dtype). */
 static void linear_quant(const QuantMatrix *w, const float *x, int rows, int n, const void *bias,
                          int bias_bf16, float *out, void *scratch) {

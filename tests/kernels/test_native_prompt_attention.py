@@ -1,0 +1,111 @@
+"""The native prompt attention (native/prompt_attention.h): causal softmax attention within
+float32 summation of a float64 reference, over float32 and bf16 keys and values, across
+block edges, grouped heads and head sizes; through the paged-cache op as ref's twin; rows
+independent of their chunk; clear refusals; and where the engine chooses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ref_kernels import _dense_attention, _gen, _scatter
+
+from baton.engine.kernels import ref
+from baton.engine.native import build
+from baton.engine.native import prompt_attention as native
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = build.load()
+    if lib is None:
+        pytest.skip(f"native library unavailable: {build.failure()}")
+    reason = native.supported(lib, 4, 2, 64, torch.float32)
+    if reason is not None:
+        pytest.skip(f"native prompt attention unavailable here: {reason}")
+    return lib
+
+
+def _causal_tail(n: int, ctx: int) -> torch.Tensor:
+    """[n, ctx]: row i (position ctx - n + i) sees keys 0..its position."""
+    return torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, ctx, hq, hkv, d", [
+    (1, 1, 2, 1, 16),  # one token
+    (5, 5, 9, 3, 64),  # SmolLM2's heads, a fresh prompt shorter than a key block
+    (40, 100, 9, 3, 64),  # extend: 60 cached, rows spanning task blocks and key blocks
+    (33, 33, 8, 8, 128),  # no grouping, the widest head
+    (70, 70, 8, 4, 16),  # groups of two, 32 rows a task
+    (64, 64, 64, 1, 16),  # 64 query heads to one KV head: one chunk row a task
+])
+def test_matches_causal_attention(lib, kv_dtype, n, ctx, hq, hkv, d):
+    g = _gen(n + ctx)
+    q = 3 * torch.randn(n, hq, d, generator=g)  # scaled: peaked softmax rows too
+    k, v = (torch.randn(ctx, hkv, d, generator=g).to(kv_dtype) for _ in range(2))
+    got = native.attend(lib, q, k, v, d**-0.5)
+    want = _dense_attention(q, k.float(), v.float(), d**-0.5, _causal_tail(n, ctx))
+    assert got.dtype == torch.float32 and got.shape == q.shape
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_its_chunk(lib):
+    g = _gen(7)
+    q, k, v = torch.randn(50, 6, 32, generator=g), torch.randn(90, 2, 32, generator=g), torch.randn(90, 2, 32, generator=g)
+    together = native.attend(lib, q, k, v, 0.2)
+    assert torch.equal(native.attend(lib, q[-1:], k, v, 0.2)[0], together[-1])  # the last row alone
+    assert torch.equal(native.attend(lib, q[-17:], k, v, 0.2), together[-17:])  # other task blocks
+
+
+@pytest.mark.parametrize("shape, why", [
+    ((4, 2, 24), "head size 24"),  # not a multiple of 16
+    ((5, 2, 16), "5 query heads, 2 KV heads"),
+    ((130, 1, 16), "130 query heads, 1 KV heads"),  # more than a task holds
+])
+def test_shapes_it_does_not_take_are_refused_by_name(lib, shape, why):
+    hq, hkv, d = shape
+    assert native.attend(lib, torch.zeros(2, hq, d), torch.zeros(2, hkv, d), torch.zeros(2, hkv, d), 1.0) is None
+    assert why in native.supported(lib, hq, hkv, d, torch.float32)
+    assert "float16" in native.supported(lib, 4, 2, 16, torch.float16)
+    assert native.attend(lib, torch.zeros(3, 4, 16), torch.zeros(2, 2, 16), torch.zeros(2, 2, 16), 1.0) is None
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_the_paged_op_is_refs_twin(lib, cache_dtype):
+    g = _gen(3)
+    hq, hkv, d, bs = 4, 2, 16, 8
+    seqs = [(5, 0), (3, 6), (1, 7), (37, 29)]  # (new, cached): fresh, mid-block, one token, many blocks
+    k_cache, v_cache = torch.zeros(40, bs, hkv, d, dtype=cache_dtype), torch.zeros(40, bs, hkv, d, dtype=cache_dtype)
+    tables = torch.randperm(40, generator=g)[:40].reshape(4, 10).int()
+    news = []
+    for b, (n, c) in enumerate(seqs):
+        q, k, v = (torch.randn(n + c, h, d, generator=g) for h in (hq, hkv, hkv))
+        _scatter(k_cache, tables[b], 0, k.to(cache_dtype))
+        _scatter(v_cache, tables[b], 0, v.to(cache_dtype))
+        news.append((q[c:], k[c:].to(cache_dtype).float(), v[c:].to(cache_dtype).float()))
+    q, k, v = (torch.cat([new[i] for new in news]) for i in range(3))
+    cu = [0, 5, 8, 9, 46]
+    ctx = [n + c for n, c in seqs]
+    args = (k_cache, v_cache, tables, cu, ctx, 0.25)
+    doubled = (k_cache.double(), v_cache.double(), tables, cu, ctx, 0.25)
+    want = ref.paged_prefill_attention(q.double(), k.double(), v.double(), *doubled)
+    got = native.paged_prefill_attention_op(lib)(q, k, v, *args)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+    assert native.paged_prefill_attention_op(lib)(q.bfloat16(), k.bfloat16(), v.bfloat16(), *args).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("flags, dtype, unsupported, disabled, native_wanted", [
+    ({"avx512f", "avx512_bf16"}, torch.bfloat16, None, False, True),  # AMD EPYC: torch's goes through sgemm
+    ({"avx512f"}, torch.float32, None, False, True),
+    ({"avx512f", "amx_bf16", "amx_tile"}, torch.bfloat16, None, False, False),  # torch's bf16 on AMX tiles
+    ({"avx512f", "amx_bf16", "amx_tile"}, torch.float32, None, False, True),  # float32 asked for
+    ({"avx2"}, torch.float32, "no AVX-512, or a shape it does not take", False, False),
+    ({"avx512f"}, torch.float32, None, True, False),
+])
+def test_the_engine_chooses_it_where_it_is_the_faster(flags, dtype, unsupported, disabled, native_wanted):
+    chosen, why = native.choose(frozenset(flags), dtype, unsupported, disabled)
+    assert chosen == native_wanted and why
+    if unsupported:
+        assert why == unsupported
+    if disabled:
+        assert "BATON_NATIVE_PROMPT_ATTENTION=0" in why

@@ -1,0 +1,179 @@
+/* Causal attention of a prompt chunk over its context, for the torch path's prompt steps
+ * (native/prompt_attention.py).
+ *
+ * torch's CPU flash attention multiplies its blocks with MKL's sgemm (bf16 inputs are
+ * widened first), and on CPUs where MKL takes its generic code path (AMD EPYC) a 2,000-token
+ * prompt of SmolLM2 spent 2.7 s of 4.3 s there on one core. Here each task takes one KV head
+ * and up to 64 query rows (chunk rows x the query heads that share it), and walks the keys
+ * in blocks of 32, widened once for all its rows, with an online softmax: scores as 8 rows
+ * x 32 keys of FMAs on a transposed key block, the values' sums as 8 rows x 16 values at a
+ * time, everything in float32 (bf16 keys and values widened exactly). A row sees the keys
+ * up to its own position; rows are independent of each other.
+ * Included by decode_step.c (after exp_in_place).
+ */
+#define PROMPT_TASK_ROWS 64 /* query rows a task holds: (chunk rows) x (query heads of one KV head) */
+#define PROMPT_GROUP 8       /* rows multiplied together */
+#define PROMPT_MAX_DIM 128
+
+#if defined(__AVX512F__)
+/* dim values of a key or value row, widened to float32 */
+static inline void prompt_row(const void *base, int bf16, int64_t at, int dim, float *out) {
+    for (int c = 0; c < dim; c += 16) {
+        if (bf16) {
+            const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at + c));
+            _mm512_store_ps(out + c, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16)));
+        } else {
+            _mm512_store_ps(out + c, _mm512_loadu_ps((const float *)base + at + c));
+        }
+    }
+}
+
+/* exp_in_place's formula on 16 lanes, step for step (the same values) */
+static inline __m512 prompt_exp(__m512 x) {
+    const __m512 v = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 whole = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                                            _mm512_set1_ps(0.5f)),
+                                              _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(v, _mm512_mul_ps(whole, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(whole, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(1.3981999507e-3f));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(8.3334519073e-3f));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(4.1665795894e-2f));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(1.6666665459e-1f));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(poly, r), r), r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(whole), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+typedef struct {
+    const float *q;
+    const void *k, *v;
+    int kv_bf16, n, ctx, num_heads, num_kv_heads, dim;
+    float scale;
+    float *out;
+} PromptAttention;
+
+/* One task: KV head kvh, chunk rows r0..r0 + rows - 1 of each of its query heads (task row
+ * t = head-in-group * rows + chunk row): each key and value block is widened once for all. */
+static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int rows) {
+    float qs[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    float acc[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    float kt[PROMPT_MAX_DIM][ATTENTION_TOKENS] __attribute__((aligned(64))); /* keys, transposed */
+    float vb[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    float p[PROMPT_TASK_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64)));
+    float best[PROMPT_TASK_ROWS], total[PROMPT_TASK_ROWS];
+    const int dim = a->dim, group = a->num_heads / a->num_kv_heads, chunks = dim / 16, all = group * rows;
+    const int64_t first = (int64_t)a->ctx - a->n + r0; /* the position of chunk row r0 */
+    for (int t = 0; t < all; t++) {
+        const int h = kvh * group + t / rows, r = t % rows;
+        for (int d = 0; d < dim; d++) qs[t][d] = a->q[((int64_t)(r0 + r) * a->num_heads + h) * dim + d] * a->scale;
+        memset(acc[t], 0, sizeof(float) * dim);
+        best[t] = -INFINITY;
+        total[t] = 0.0f;
+    }
+    const int64_t last = first + rows - 1; /* the last key any row sees */
+    for (int64_t kb = 0; kb <= last; kb += ATTENTION_TOKENS) {
+        const int nk = last + 1 - kb < ATTENTION_TOKENS ? (int)(last + 1 - kb) : ATTENTION_TOKENS;
+        for (int j = 0; j < ATTENTION_TOKENS; j++) {
+            if (j < nk) {
+                const int64_t at = ((kb + j) * a->num_kv_heads + kvh) * dim;
+                prompt_row(a->k, a->kv_bf16, at, dim, kr[j]);
+                prompt_row(a->v, a->kv_bf16, at, dim, vb[j]);
+            } else {
+                memset(kr[j], 0, sizeof(float) * dim);
+                memset(vb[j], 0, sizeof(float) * dim);
+            }
+        }
+        for (int d = 0; d < dim; d++)
+            for (int j = 0; j < ATTENTION_TOKENS; j++) kt[d][j] = kr[j][d];
+        for (int g = 0; g < all; g += PROMPT_GROUP) {
+            const int count = all - g < PROMPT_GROUP ? all - g : PROMPT_GROUP;
+            __m512 s[PROMPT_GROUP][2];
+            for (int i = 0; i < PROMPT_GROUP; i++) s[i][0] = s[i][1] = _mm512_setzero_ps();
+            for (int d = 0; d < dim; d++) {
+                const __m512 k0 = _mm512_load_ps(kt[d]), k1 = _mm512_load_ps(kt[d] + 16);
+                for (int i = 0; i < PROMPT_GROUP; i++) { /* rows past `count` repeat row g, unused */
+                    const __m512 x = _mm512_set1_ps(qs[i < count ? g + i : g][d]);
+                    s[i][0] = _mm512_fmadd_ps(x, k0, s[i][0]);
+                    s[i][1] = _mm512_fmadd_ps(x, k1, s[i][1]);
+                }
+            }
+            for (int i = 0; i < count; i++) {
+                const int t = g + i;
+                const int64_t seen = first + t % rows - kb + 1; /* keys of this block the row sees */
+                const int valid = seen <= 0 ? 0 : seen < nk ? (int)seen : nk;
+                const __mmask16 m0 = (__mmask16)(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
+                const __mmask16 m1 = (__mmask16)(valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (1u << (valid - 16)) - 1);
+                if (!valid) {
+                    _mm512_store_ps(p[t], _mm512_setzero_ps());
+                    _mm512_store_ps(p[t] + 16, _mm512_setzero_ps());
+                    continue;
+                }
+                const float high = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m0, s[i][0]),
+                                                                      _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m1, s[i][1])));
+                const float top = high > best[t] ? high : best[t];
+                const __m512 shift = _mm512_set1_ps(top);
+                const __m512 e0 = _mm512_maskz_mov_ps(m0, prompt_exp(_mm512_sub_ps(s[i][0], shift)));
+                const __m512 e1 = _mm512_maskz_mov_ps(m1, prompt_exp(_mm512_sub_ps(s[i][1], shift)));
+                _mm512_store_ps(p[t], e0);
+                _mm512_store_ps(p[t] + 16, e1);
+                const float sum = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+                if (top != best[t]) { /* a new maximum: what was summed so far shrinks */
+                    const float keep = best[t] == -INFINITY ? 0.0f : expf(best[t] - top);
+                    total[t] *= keep;
+                    const __m512 factor = _mm512_set1_ps(keep);
+                    for (int c = 0; c < chunks; c++)
+                        _mm512_store_ps(acc[t] + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[t] + 16 * c), factor));
+                    best[t] = top;
+                }
+                total[t] += sum;
+            }
+            for (int c = 0; c < chunks; c++) {
+                __m512 o[PROMPT_GROUP];
+                for (int i = 0; i < PROMPT_GROUP; i++) o[i] = _mm512_load_ps(acc[i < count ? g + i : g] + 16 * c);
+                for (int j = 0; j < nk; j++) {
+                    const __m512 x = _mm512_load_ps(vb[j] + 16 * c);
+                    for (int i = 0; i < PROMPT_GROUP; i++)
+                        o[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i < count ? g + i : g][j]), x, o[i]);
+                }
+                for (int i = 0; i < count; i++) _mm512_store_ps(acc[g + i] + 16 * c, o[i]);
+            }
+        }
+    }
+    for (int t = 0; t < all; t++) {
+        const int h = kvh * group + t / rows, r = t % rows;
+        float *o = a->out + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
+        for (int d = 0; d < dim; d++) o[d] = acc[t][d] / total[t];
+    }
+}
+
+/* out[n, num_heads, dim] = softmax(q k^T * scale) v for the n query rows q[n, num_heads, dim]
+ * at positions ctx - n .. ctx - 1, over keys and values [ctx, num_kv_heads, dim] (float32,
+ * or bf16 with kv_bf16), each row over keys 0..its position. Returns 0, or -1 (nothing
+ * written) for a shape it does not take: dim a multiple of 16 up to PROMPT_MAX_DIM, query
+ * heads a multiple of the KV heads and at most PROMPT_TASK_ROWS of them to one, 1 <= n <= ctx. */
+int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
+                           int num_kv_heads, int dim, float scale, float *out) {
+    if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
+        num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx)
+        return -1;
+    const PromptAttention a = {q, k, v, kv_bf16, n, ctx, num_heads, num_kv_heads, dim, scale, out};
+    const int rows = PROMPT_TASK_ROWS / (num_heads / num_kv_heads), blocks = (n + rows - 1) / rows;
+    /* later blocks see more keys: dynamic scheduling evens the threads out */
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int kvh = 0; kvh < num_kv_heads; kvh++)
+        for (int b = 0; b < blocks; b++)
+            prompt_attention_task(&a, kvh, b * rows, n - b * rows < rows ? n - b * rows : rows);
+    return 0;
+}
+#else
+int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
+                           int num_kv_heads, int dim, float scale, float *out) {
+    (void)q, (void)k, (void)v, (void)kv_bf16, (void)n, (void)ctx, (void)num_heads, (void)num_kv_heads, (void)dim;
+    (void)scale, (void)out;
+    return -1;
+}
+#endif
