@@ -5,7 +5,8 @@
  * widened first), and on CPUs where MKL takes its generic code path (AMD EPYC) a 2,000-token
  * prompt of SmolLM2 spent 2.7 s of 4.3 s there on one core. Here each task takes one KV head
  * and up to 64 query rows (chunk rows x the query heads that share it), and walks the keys
- * in blocks of 32, widened once for all its rows, with an online softmax: scores as 8 rows
+ * in blocks of 32 (widened to float32 and transposed once for all tasks) with an online
+ * softmax: scores as 8 rows
  * x 32 keys of FMAs on a transposed key block, the values' sums as 8 rows x 16 values at a
  * time, everything in float32 (bf16 keys and values widened exactly). A row sees the keys
  * up to its own position; rows are independent of each other.
@@ -16,6 +17,8 @@
 #define PROMPT_MAX_DIM 128
 
 #if defined(__AVX512F__)
+#include <stdlib.h>
+
 /* dim values of a key or value row, widened to float32 */
 static inline void prompt_row(const void *base, int bf16, int64_t at, int dim, float *out) {
     for (int c = 0; c < dim; c += 16) {
@@ -53,16 +56,41 @@ typedef struct {
     int kv_bf16, n, ctx, num_heads, num_kv_heads, dim;
     float scale;
     float *out;
+    /* the context widened to float32 once for every task: per KV head, each block of 32 keys
+     * transposed ([dim][32]) and the values as rows ([32][dim]), zero past ctx */
+    float *keys, *values;
+    int64_t blocks;
 } PromptAttention;
+
+static inline int64_t prompt_block_at(const PromptAttention *a, int kvh, int64_t block) {
+    return ((int64_t)kvh * a->blocks + block) * ATTENTION_TOKENS * a->dim;
+}
+
+/* Block `block` of KV head kvh into a->keys and a->values. */
+static void prompt_widen_block(const PromptAttention *a, int kvh, int64_t block) {
+    float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    const int dim = a->dim;
+    float *kt = a->keys + prompt_block_at(a, kvh, block), *vb = a->values + prompt_block_at(a, kvh, block);
+    for (int j = 0; j < ATTENTION_TOKENS; j++) {
+        const int64_t key = block * ATTENTION_TOKENS + j;
+        if (key < a->ctx) {
+            const int64_t at = (key * a->num_kv_heads + kvh) * dim;
+            prompt_row(a->k, a->kv_bf16, at, dim, kr[j]);
+            prompt_row(a->v, a->kv_bf16, at, dim, vb + (int64_t)j * dim);
+        } else {
+            memset(kr[j], 0, sizeof(float) * dim);
+            memset(vb + (int64_t)j * dim, 0, sizeof(float) * dim);
+        }
+    }
+    for (int d = 0; d < dim; d++)
+        for (int j = 0; j < ATTENTION_TOKENS; j++) kt[d * ATTENTION_TOKENS + j] = kr[j][d];
+}
 
 /* One task: KV head kvh, chunk rows r0..r0 + rows - 1 of each of its query heads (task row
  * t = head-in-group * rows + chunk row): each key and value block is widened once for all. */
 static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int rows) {
     float qs[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     float acc[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    float kt[PROMPT_MAX_DIM][ATTENTION_TOKENS] __attribute__((aligned(64))); /* keys, transposed */
-    float vb[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     float p[PROMPT_TASK_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64)));
     float best[PROMPT_TASK_ROWS], total[PROMPT_TASK_ROWS];
     const int dim = a->dim, group = a->num_heads / a->num_kv_heads, chunks = dim / 16, all = group * rows;
@@ -77,24 +105,14 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     const int64_t last = first + rows - 1; /* the last key any row sees */
     for (int64_t kb = 0; kb <= last; kb += ATTENTION_TOKENS) {
         const int nk = last + 1 - kb < ATTENTION_TOKENS ? (int)(last + 1 - kb) : ATTENTION_TOKENS;
-        for (int j = 0; j < ATTENTION_TOKENS; j++) {
-            if (j < nk) {
-                const int64_t at = ((kb + j) * a->num_kv_heads + kvh) * dim;
-                prompt_row(a->k, a->kv_bf16, at, dim, kr[j]);
-                prompt_row(a->v, a->kv_bf16, at, dim, vb[j]);
-            } else {
-                memset(kr[j], 0, sizeof(float) * dim);
-                memset(vb[j], 0, sizeof(float) * dim);
-            }
-        }
-        for (int d = 0; d < dim; d++)
-            for (int j = 0; j < ATTENTION_TOKENS; j++) kt[d][j] = kr[j][d];
+        const float *kt = a->keys + prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
+        const float *vb = a->values + prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
         for (int g = 0; g < all; g += PROMPT_GROUP) {
             const int count = all - g < PROMPT_GROUP ? all - g : PROMPT_GROUP;
             __m512 s[PROMPT_GROUP][2];
             for (int i = 0; i < PROMPT_GROUP; i++) s[i][0] = s[i][1] = _mm512_setzero_ps();
             for (int d = 0; d < dim; d++) {
-                const __m512 k0 = _mm512_load_ps(kt[d]), k1 = _mm512_load_ps(kt[d] + 16);
+                const __m512 k0 = _mm512_load_ps(kt + d * ATTENTION_TOKENS), k1 = _mm512_load_ps(kt + d * ATTENTION_TOKENS + 16);
                 for (int i = 0; i < PROMPT_GROUP; i++) { /* rows past `count` repeat row g, unused */
                     const __m512 x = _mm512_set1_ps(qs[i < count ? g + i : g][d]);
                     s[i][0] = _mm512_fmadd_ps(x, k0, s[i][0]);
@@ -135,7 +153,7 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
                 __m512 o[PROMPT_GROUP];
                 for (int i = 0; i < PROMPT_GROUP; i++) o[i] = _mm512_load_ps(acc[i < count ? g + i : g] + 16 * c);
                 for (int j = 0; j < nk; j++) {
-                    const __m512 x = _mm512_load_ps(vb[j] + 16 * c);
+                    const __m512 x = _mm512_load_ps(vb + j * dim + 16 * c);
                     for (int i = 0; i < PROMPT_GROUP; i++)
                         o[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i < count ? g + i : g][j]), x, o[i]);
                 }
@@ -152,7 +170,8 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
 
 /* out[n, num_heads, dim] = softmax(q k^T * scale) v for the n query rows q[n, num_heads, dim]
  * at positions ctx - n .. ctx - 1, over keys and values [ctx, num_kv_heads, dim] (float32,
- * or bf16 with kv_bf16), each row over keys 0..its position. Returns 0, or -1 (nothing
+ * or bf16 with kv_bf16), each row over keys 0..its position. Returns 0; -2 out of memory
+ * (for the widened context: 8 * ctx * num_kv_heads * dim bytes); or -1 (nothing
  * written) for a shape it does not take: dim a multiple of 16 up to PROMPT_MAX_DIM, query
  * heads a multiple of the KV heads and at most PROMPT_TASK_ROWS of them to one, 1 <= n <= ctx. */
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
@@ -160,13 +179,29 @@ int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_
     if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx)
         return -1;
-    const PromptAttention a = {q, k, v, kv_bf16, n, ctx, num_heads, num_kv_heads, dim, scale, out};
+    const int64_t key_blocks = ((int64_t)ctx + ATTENTION_TOKENS - 1) / ATTENTION_TOKENS;
+    const size_t bytes = (size_t)num_kv_heads * key_blocks * ATTENTION_TOKENS * dim * sizeof(float);
+    PromptAttention a = {q, k, v, kv_bf16, n, ctx, num_heads, num_kv_heads, dim, scale, out,
+                         aligned_alloc(64, bytes), aligned_alloc(64, bytes), key_blocks};
+    if (!a.keys || !a.values) {
+        free(a.keys);
+        free(a.values);
+        return -2;
+    }
     const int rows = PROMPT_TASK_ROWS / (num_heads / num_kv_heads), blocks = (n + rows - 1) / rows;
-    /* later blocks see more keys: dynamic scheduling evens the threads out */
-#pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int kvh = 0; kvh < num_kv_heads; kvh++)
-        for (int b = 0; b < blocks; b++)
-            prompt_attention_task(&a, kvh, b * rows, n - b * rows < rows ? n - b * rows : rows);
+#pragma omp parallel
+    {
+#pragma omp for collapse(2) schedule(static)
+        for (int kvh = 0; kvh < num_kv_heads; kvh++)
+            for (int64_t b = 0; b < key_blocks; b++) prompt_widen_block(&a, kvh, b);
+        /* later row blocks see more keys: dynamic scheduling evens the threads out */
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int kvh = 0; kvh < num_kv_heads; kvh++)
+            for (int b = 0; b < blocks; b++)
+                prompt_attention_task(&a, kvh, b * rows, n - b * rows < rows ? n - b * rows : rows);
+    }
+    free(a.keys);
+    free(a.values);
     return 0;
 }
 #else

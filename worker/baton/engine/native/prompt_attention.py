@@ -28,13 +28,16 @@ def supported(lib: ctypes.CDLL | None, num_heads: int, num_kv_heads: int, head_d
 
 def attend(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Causal attention of q [n, Hq, D] (the last n positions) over k, v [ctx, Hkv, D]:
-    [n, Hq, D] float32, or None where the library does not take it."""
+    [n, Hq, D] float32, or None where the library does not take it (MemoryError where the
+    float32 copy of the context it makes could not be allocated)."""
     q = q.to(torch.float32).contiguous()
     k, v = k.contiguous(), v.contiguous()
     out = torch.empty(q.shape, dtype=torch.float32)
     status = lib.baton_prompt_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16),
                                         q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], scale,
                                         out.data_ptr())
+    if status == -2:
+        raise MemoryError(f"native prompt attention: no memory to widen a context of {k.shape[0]} tokens")
     return out if status == 0 else None
 
 
