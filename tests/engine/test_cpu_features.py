@@ -13,6 +13,7 @@ from .conftest import make_engine
 
 # Trimmed from real /proc/cpuinfo files: two processors each, as Linux prints them.
 SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
 model name\t: Intel(R) Xeon(R) Platinum 8480+
 flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
 
@@ -25,6 +26,7 @@ model name\t: Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz
 flags\t\t: fpu sse2 avx2 fma avx512f avx512dq avx512_vnni
 """
 ZEN4 = """processor\t: 0
+vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC 9R14
 flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16
 """
@@ -35,15 +37,15 @@ CPU part\t: 0xd40
 """
 
 
-@pytest.mark.parametrize("text, arch, model, dtype", [
-    (SAPPHIRE_RAPIDS, "x86_64", "Intel(R) Xeon(R) Platinum 8480+", "bfloat16"),
-    (ZEN4, "x86_64", "AMD EPYC 9R14", "bfloat16"),
-    (CASCADE_LAKE, "x86_64", "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz", "float32"),
-    (GRAVITON3, "aarch64", "unknown CPU", "float32"),  # Arm's bf16 is not measured here
+@pytest.mark.parametrize("text, arch, model, vendor, dtype", [
+    (SAPPHIRE_RAPIDS, "x86_64", "Intel(R) Xeon(R) Platinum 8480+", "GenuineIntel", "bfloat16"),
+    (ZEN4, "x86_64", "AMD EPYC 9R14", "AuthenticAMD", "bfloat16"),
+    (CASCADE_LAKE, "x86_64", "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz", "", "float32"),  # no vendor line
+    (GRAVITON3, "aarch64", "unknown CPU", "", "float32"),  # Arm's bf16 is not measured here
 ])
-def test_auto_means_bf16_only_with_bf16_in_hardware(text, arch, model, dtype):
+def test_auto_means_bf16_only_with_bf16_in_hardware(text, arch, model, vendor, dtype):
     cpu = parse_cpuinfo(text, arch)
-    assert cpu.model == model
+    assert cpu.model == model and cpu.vendor == vendor
     chosen, why = auto_cpu_dtype(cpu)
     assert chosen == dtype
     assert why.startswith("bf16 in hardware" if dtype == "bfloat16" else "no bf16 in hardware")

@@ -124,7 +124,7 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     lib = build.load()
     cfg = engine.model_config
     unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, fast)
-    native, _ = native_attention.choose(this_cpu().flags, fast, unsupported)
+    native, _ = native_attention.choose(this_cpu(), fast, unsupported)
     # prompt attention: the native kernel in float32 where it is the faster, else torch's in `fast`
     assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == (torch.float32 if native else fast)
     assert ("prompt attention native in float32" in caplog.text) == native

@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_ref_kernels import _dense_attention, _gen, _scatter
 
+from baton.engine.cpu_features import CpuInfo
 from baton.engine.kernels import ref
 from baton.engine.native import build
 from baton.engine.native import prompt_attention as native
@@ -94,18 +95,25 @@ def test_the_paged_op_is_refs_twin(lib, cache_dtype):
     assert native.paged_prefill_attention_op(lib)(q.bfloat16(), k.bfloat16(), v.bfloat16(), *args).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("flags, dtype, unsupported, disabled, native_wanted", [
-    ({"avx512f", "avx512_bf16"}, torch.bfloat16, None, False, True),  # AMD EPYC: torch's goes through sgemm
-    ({"avx512f"}, torch.float32, None, False, True),
-    ({"avx512f", "amx_bf16", "amx_tile"}, torch.bfloat16, None, False, False),  # torch's bf16 on AMX tiles
-    ({"avx512f", "amx_bf16", "amx_tile"}, torch.float32, None, False, True),  # float32 asked for
-    ({"avx2"}, torch.float32, "no AVX-512, or a shape it does not take", False, False),
-    ({"avx512f"}, torch.float32, None, True, False),
+AMD, INTEL = "AuthenticAMD", "GenuineIntel"
+
+
+@pytest.mark.parametrize("vendor, flags, dtype, unsupported, setting, native_wanted", [
+    (AMD, {"avx512f", "avx512_bf16"}, torch.bfloat16, None, "", True),  # MKL's generic sgemm under torch's
+    (AMD, {"avx512f"}, torch.float32, None, "", True),
+    (INTEL, {"avx512f", "amx_bf16", "amx_tile"}, torch.bfloat16, None, "", False),  # torch's bf16 on AMX tiles
+    (INTEL, {"avx512f"}, torch.float32, None, "", False),  # MKL's own AVX-512 code: not measured against
+    (INTEL, {"avx512f"}, torch.float32, None, "1", True),  # asked for
+    ("", {"avx512f"}, torch.float32, None, "", False),  # an unknown vendor
+    (AMD, {"avx2"}, torch.float32, "no AVX-512, or a shape it does not take", "", False),
+    (AMD, {"avx512f"}, torch.float32, None, "0", False),
 ])
-def test_the_engine_chooses_it_where_it_is_the_faster(flags, dtype, unsupported, disabled, native_wanted):
-    chosen, why = native.choose(frozenset(flags), dtype, unsupported, disabled)
+def test_the_engine_chooses_it_where_it_was_measured_the_faster(vendor, flags, dtype, unsupported, setting,
+                                                                  native_wanted):
+    cpu = CpuInfo("a CPU", "x86_64", frozenset(flags), vendor)
+    chosen, why = native.choose(cpu, dtype, unsupported, setting)
     assert chosen == native_wanted and why
     if unsupported:
         assert why == unsupported
-    if disabled:
-        assert "BATON_NATIVE_PROMPT_ATTENTION=0" in why
+    if setting:
+        assert f"BATON_NATIVE_PROMPT_ATTENTION={setting}" in why

@@ -32,6 +32,7 @@ class CpuInfo:
     model: str
     architecture: str
     flags: frozenset[str]
+    vendor: str = ""  # /proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD), where it says
 
     @property
     def notable_flags(self) -> list[str]:
@@ -43,13 +44,13 @@ class CpuInfo:
 
     def as_record(self) -> dict:
         """For a benchmark's JSON: the model, the flags that matter, and every flag."""
-        return {"model": self.model, "architecture": self.architecture,
+        return {"model": self.model, "vendor": self.vendor, "architecture": self.architecture,
                 "notable_flags": self.notable_flags, "flags": sorted(self.flags)}
 
 
 def parse_cpuinfo(text: str, architecture: str) -> CpuInfo:
     """The first processor's model name and feature flags from /proc/cpuinfo's text."""
-    model, flags = "", frozenset()
+    model, flags, vendor = "", frozenset(), ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -57,7 +58,9 @@ def parse_cpuinfo(text: str, architecture: str) -> CpuInfo:
             model = value.strip()
         elif key in ("flags", "Features") and not flags:
             flags = frozenset(value.split())
-    return CpuInfo(model or "unknown CPU", architecture, flags)
+        elif key == "vendor_id" and not vendor:
+            vendor = value.strip()
+    return CpuInfo(model or "unknown CPU", architecture, flags, vendor)
 
 
 @functools.cache

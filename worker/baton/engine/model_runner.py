@@ -80,8 +80,8 @@ class ModelRunner:
         cfg = self.model_config
         lib = build.load()
         unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
-        native, reason = native_attention.choose(this_cpu().flags, attention, unsupported,
-                                                 disabled=os.environ.get("BATON_NATIVE_PROMPT_ATTENTION") == "0")
+        native, reason = native_attention.choose(this_cpu(), attention, unsupported,
+                                                 os.environ.get("BATON_NATIVE_PROMPT_ATTENTION", ""))
         if native:
             self.ops.paged_prefill_attention = native_attention.paged_prefill_attention_op(lib)
             self.ops.prompt_attention_dtype = torch.float32

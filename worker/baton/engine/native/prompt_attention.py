@@ -8,6 +8,7 @@ import ctypes
 
 import torch
 
+from baton.engine.cpu_features import CpuInfo
 from baton.engine.kernels.ref import _gather_context
 
 
@@ -65,17 +66,23 @@ def paged_prefill_attention_op(lib: ctypes.CDLL):
     return paged_prefill_attention
 
 
-def choose(cpu_flags: frozenset[str], torch_dtype: torch.dtype, unsupported: str | None,
-           disabled: bool = False) -> tuple[bool, str]:
-    """Whether prompt attention runs natively, and why. Where the CPU has AMX, torch's bf16
-    flash attention multiplies on its tiles (2.5x its fp32 speed on a Xeon), which this
-    kernel was not measured against; elsewhere torch's attention goes through MKL's sgemm,
-    and this kernel ran 1.55x faster (a 512-row chunk over 2,000 tokens of SmolLM2, one core
-    of an AMD EPYC)."""
-    if disabled:
+def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, setting: str = "") -> tuple[bool, str]:
+    """Whether prompt attention runs natively, and why. `setting`: BATON_NATIVE_PROMPT_ATTENTION
+    ("0" never, "1" wherever the kernel runs, else where it was measured the faster).
+
+    torch's CPU flash attention multiplies through MKL's sgemm, and MKL takes its generic
+    code on AMD CPUs: there this kernel ran 2.0x faster (a 512-row chunk over 2,000 tokens of
+    SmolLM2, one core of an AMD EPYC). On Intel CPUs MKL runs its own AVX-512 code, and with
+    AMX torch's bf16 attention multiplies on the tiles (2.5x its fp32 speed on a Xeon): this
+    kernel was not measured against either, so torch's stays there."""
+    if setting == "0":
         return False, "BATON_NATIVE_PROMPT_ATTENTION=0"
     if unsupported is not None:
         return False, unsupported
-    if "amx_bf16" in cpu_flags and torch_dtype == torch.bfloat16:
-        return False, "torch's bf16 attention runs on this CPU's AMX tiles"
-    return True, "native float32 attention (AVX-512), where torch's would go through MKL's sgemm"
+    if setting == "1":
+        return True, "BATON_NATIVE_PROMPT_ATTENTION=1"
+    if cpu.vendor == "GenuineIntel" or "amx_bf16" in cpu.flags:
+        return False, f"torch's {str(torch_dtype).removeprefix('torch.')} attention on an Intel CPU (MKL's own code)"
+    if cpu.vendor != "AuthenticAMD":
+        return False, f"not measured on this CPU ({cpu.vendor or 'vendor unknown'})"
+    return True, "torch's attention would go through MKL's generic sgemm on this AMD CPU"
