@@ -125,9 +125,11 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     cfg = engine.model_config
     unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, fast)
     native, _ = native_attention.choose(this_cpu(), fast, unsupported)
-    # prompt attention: the native kernel in float32 where it is the faster, else torch's in `fast`
-    assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == (torch.float32 if native else fast)
-    assert ("prompt attention native in float32" in caplog.text) == native
+    # prompt attention: the native kernel where it is the faster (bf16 products where it
+    # multiplies bf16), else torch's in `fast`
+    native_dtype = fast if native_attention.takes_bf16(lib) else torch.float32
+    assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == (native_dtype if native else fast)
+    assert ("prompt attention native" in caplog.text) == native
     products, _ = dense_products(this_cpu(), torch.float32, "auto", engines=native_quant.bf16_engines(lib))
     assert products.dtype == fast
     if products.engine:  # a CPU that multiplies bf16: products dequantized inside them, no copy

@@ -50,6 +50,24 @@ def test_matches_causal_attention(lib, kv_dtype, n, ctx, hq, hkv, d):
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n, ctx, hq, hkv, d", [
+    (5, 5, 9, 3, 64), (40, 100, 9, 3, 64), (33, 33, 8, 8, 128), (3, 35, 2, 1, 16),  # an odd last key pair
+])
+def test_bf16_products_are_as_close_as_torchs_bf16_attention(lib, n, ctx, hq, hkv, d):
+    if not native.takes_bf16(lib):
+        pytest.skip("this library has no AVX512-BF16 (the CPU lacks avx512_bf16)")
+    g = _gen(n + ctx)
+    q = 3 * torch.randn(n, hq, d, generator=g)
+    k, v = (torch.randn(ctx, hkv, d, generator=g).bfloat16() for _ in range(2))
+    got = native.attend(lib, q, k, v, d**-0.5, bf16=True)
+    want = _dense_attention(q.bfloat16().float(), k.float(), v.float(), d**-0.5, _causal_tail(n, ctx))
+    # the probabilities rounded to bf16 before the values' sums, as torch's bf16 attention
+    # rounds them (which also rounds its output: ~8e-3 here)
+    torch.testing.assert_close(got.double(), want, atol=6e-3, rtol=1e-2)
+    assert (got.double() - want).abs().mean() < 1e-3
+    assert torch.equal(native.attend(lib, q[-1:], k, v, d**-0.5, bf16=True)[0], got[-1])
+
+
 def test_a_rows_result_does_not_depend_on_its_chunk(lib):
     g = _gen(7)
     q, k, v = torch.randn(50, 6, 32, generator=g), torch.randn(90, 2, 32, generator=g), torch.randn(90, 2, 32, generator=g)
@@ -92,6 +110,9 @@ def test_the_paged_op_is_refs_twin(lib, cache_dtype):
     want = ref.paged_prefill_attention(q.double(), k.double(), v.double(), *doubled)
     got = native.paged_prefill_attention_op(lib)(q, k, v, *args)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+    if native.takes_bf16(lib):  # the bf16 products' op: as close as their rounding allows
+        got = native.paged_prefill_attention_op(lib, bf16=True)(q, k, v, *args)
+        torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
     assert native.paged_prefill_attention_op(lib)(q.bfloat16(), k.bfloat16(), v.bfloat16(), *args).dtype == torch.bfloat16
 
 

@@ -83,9 +83,11 @@ class ModelRunner:
         native, reason = native_attention.choose(this_cpu(), attention, unsupported,
                                                  os.environ.get("BATON_NATIVE_PROMPT_ATTENTION", ""))
         if native:
-            self.ops.paged_prefill_attention = native_attention.paged_prefill_attention_op(lib)
-            self.ops.prompt_attention_dtype = torch.float32
-            log.info("prompt attention native in float32: %s", reason)
+            # bf16 products where torch's attention would run in bf16 (as precise as that)
+            bf16 = attention == torch.bfloat16 and native_attention.takes_bf16(lib)
+            self.ops.paged_prefill_attention = native_attention.paged_prefill_attention_op(lib, bf16)
+            self.ops.prompt_attention_dtype = torch.bfloat16 if bf16 else torch.float32
+            log.info("prompt attention native, %s products: %s", "bf16" if bf16 else "float32", reason)
             return
         if attention != dtype:
             compute_prompt_attention_in(self.ops, attention)

@@ -56,9 +56,12 @@ typedef struct {
     int kv_bf16, n, ctx, num_heads, num_kv_heads, dim;
     float scale;
     float *out;
-    /* the context widened to float32 once for every task: per KV head, each block of 32 keys
-     * transposed ([dim][32]) and the values as rows ([32][dim]), zero past ctx */
-    float *keys, *values;
+    int bf16_products; /* VDPBF16PS on bf16 queries, keys, values and probabilities */
+    /* the context laid out once for every task, zero past ctx, per KV head and block of 32
+     * keys: in float32 the keys transposed ([dim][32]) and the values as rows ([32][dim]);
+     * in bf16 pairs for VDPBF16PS, the keys' along the head dimension ([dim / 2][32][2])
+     * and the values' along the keys ([16][dim][2]) */
+    void *keys, *values;
     int64_t blocks;
 } PromptAttention;
 
@@ -66,11 +69,43 @@ static inline int64_t prompt_block_at(const PromptAttention *a, int kvh, int64_t
     return ((int64_t)kvh * a->blocks + block) * ATTENTION_TOKENS * a->dim;
 }
 
-/* Block `block` of KV head kvh into a->keys and a->values. */
+#if defined(__AVX512BF16__)
+/* Block `block` of KV head kvh into a->keys and a->values as bf16 pairs (see PromptAttention). */
+static void prompt_pack_block(const PromptAttention *a, int kvh, int64_t block) {
+    float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    float vr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    const int dim = a->dim;
+    uint16_t *kp = (uint16_t *)a->keys + prompt_block_at(a, kvh, block);
+    uint16_t *vp = (uint16_t *)a->values + prompt_block_at(a, kvh, block);
+    for (int j = 0; j < ATTENTION_TOKENS; j++) {
+        const int64_t key = block * ATTENTION_TOKENS + j;
+        if (key < a->ctx) {
+            const int64_t at = (key * a->num_kv_heads + kvh) * dim;
+            prompt_row(a->k, a->kv_bf16, at, dim, kr[j]);
+            prompt_row(a->v, a->kv_bf16, at, dim, vr[j]);
+        } else {
+            memset(kr[j], 0, sizeof(float) * dim);
+            memset(vr[j], 0, sizeof(float) * dim);
+        }
+    }
+    for (int i = 0; i < dim / 2; i++)
+        for (int j = 0; j < ATTENTION_TOKENS; j++) {
+            kp[(i * ATTENTION_TOKENS + j) * 2] = f32_to_bf16(kr[j][2 * i]);
+            kp[(i * ATTENTION_TOKENS + j) * 2 + 1] = f32_to_bf16(kr[j][2 * i + 1]);
+        }
+    for (int jp = 0; jp < ATTENTION_TOKENS / 2; jp++)
+        for (int d = 0; d < dim; d++) {
+            vp[((int64_t)jp * dim + d) * 2] = f32_to_bf16(vr[2 * jp][d]);
+            vp[((int64_t)jp * dim + d) * 2 + 1] = f32_to_bf16(vr[2 * jp + 1][d]);
+        }
+}
+#endif
+
+/* Block `block` of KV head kvh into a->keys and a->values in float32 (see PromptAttention). */
 static void prompt_widen_block(const PromptAttention *a, int kvh, int64_t block) {
     float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     const int dim = a->dim;
-    float *kt = a->keys + prompt_block_at(a, kvh, block), *vb = a->values + prompt_block_at(a, kvh, block);
+    float *kt = (float *)a->keys + prompt_block_at(a, kvh, block), *vb = (float *)a->values + prompt_block_at(a, kvh, block);
     for (int j = 0; j < ATTENTION_TOKENS; j++) {
         const int64_t key = block * ATTENTION_TOKENS + j;
         if (key < a->ctx) {
@@ -92,12 +127,17 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     float qs[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     float acc[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     float p[PROMPT_TASK_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64)));
+    uint32_t qp[PROMPT_TASK_ROWS][PROMPT_MAX_DIM / 2] __attribute__((aligned(64))); /* bf16 pairs */
+    uint32_t pp[PROMPT_TASK_ROWS][ATTENTION_TOKENS / 2] __attribute__((aligned(64)));
     float best[PROMPT_TASK_ROWS], total[PROMPT_TASK_ROWS];
     const int dim = a->dim, group = a->num_heads / a->num_kv_heads, chunks = dim / 16, all = group * rows;
     const int64_t first = (int64_t)a->ctx - a->n + r0; /* the position of chunk row r0 */
     for (int t = 0; t < all; t++) {
         const int h = kvh * group + t / rows, r = t % rows;
-        for (int d = 0; d < dim; d++) qs[t][d] = a->q[((int64_t)(r0 + r) * a->num_heads + h) * dim + d] * a->scale;
+        const float *row = a->q + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
+        for (int d = 0; d < dim; d++) qs[t][d] = row[d] * a->scale;
+        for (int i = 0; i < dim / 2; i++) /* bf16 products: the query rounded, scaled after */
+            qp[t][i] = (uint32_t)f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
         memset(acc[t], 0, sizeof(float) * dim);
         best[t] = -INFINITY;
         total[t] = 0.0f;
@@ -105,18 +145,38 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     const int64_t last = first + rows - 1; /* the last key any row sees */
     for (int64_t kb = 0; kb <= last; kb += ATTENTION_TOKENS) {
         const int nk = last + 1 - kb < ATTENTION_TOKENS ? (int)(last + 1 - kb) : ATTENTION_TOKENS;
-        const float *kt = a->keys + prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
-        const float *vb = a->values + prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
+        const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
+        const float *kt = (const float *)a->keys + at, *vb = (const float *)a->values + at;
         for (int g = 0; g < all; g += PROMPT_GROUP) {
             const int count = all - g < PROMPT_GROUP ? all - g : PROMPT_GROUP;
             __m512 s[PROMPT_GROUP][2];
             for (int i = 0; i < PROMPT_GROUP; i++) s[i][0] = s[i][1] = _mm512_setzero_ps();
-            for (int d = 0; d < dim; d++) {
-                const __m512 k0 = _mm512_load_ps(kt + d * ATTENTION_TOKENS), k1 = _mm512_load_ps(kt + d * ATTENTION_TOKENS + 16);
-                for (int i = 0; i < PROMPT_GROUP; i++) { /* rows past `count` repeat row g, unused */
-                    const __m512 x = _mm512_set1_ps(qs[i < count ? g + i : g][d]);
-                    s[i][0] = _mm512_fmadd_ps(x, k0, s[i][0]);
-                    s[i][1] = _mm512_fmadd_ps(x, k1, s[i][1]);
+            if (a->bf16_products) {
+#if defined(__AVX512BF16__)
+                const uint32_t *kp = (const uint32_t *)((const uint16_t *)a->keys + at);
+                for (int i = 0; i < dim / 2; i++) {
+                    const __m512bh k0 = (__m512bh)_mm512_load_si512(kp + i * ATTENTION_TOKENS);
+                    const __m512bh k1 = (__m512bh)_mm512_load_si512(kp + i * ATTENTION_TOKENS + 16);
+                    for (int r = 0; r < PROMPT_GROUP; r++) {
+                        const __m512bh x = (__m512bh)_mm512_set1_epi32((int)qp[r < count ? g + r : g][i]);
+                        s[r][0] = _mm512_dpbf16_ps(s[r][0], k0, x);
+                        s[r][1] = _mm512_dpbf16_ps(s[r][1], k1, x);
+                    }
+                }
+                const __m512 scale = _mm512_set1_ps(a->scale);
+                for (int r = 0; r < PROMPT_GROUP; r++) {
+                    s[r][0] = _mm512_mul_ps(s[r][0], scale);
+                    s[r][1] = _mm512_mul_ps(s[r][1], scale);
+                }
+#endif
+            } else {
+                for (int d = 0; d < dim; d++) {
+                    const __m512 k0 = _mm512_load_ps(kt + d * ATTENTION_TOKENS), k1 = _mm512_load_ps(kt + d * ATTENTION_TOKENS + 16);
+                    for (int i = 0; i < PROMPT_GROUP; i++) { /* rows past `count` repeat row g, unused */
+                        const __m512 x = _mm512_set1_ps(qs[i < count ? g + i : g][d]);
+                        s[i][0] = _mm512_fmadd_ps(x, k0, s[i][0]);
+                        s[i][1] = _mm512_fmadd_ps(x, k1, s[i][1]);
+                    }
                 }
             }
             for (int i = 0; i < count; i++) {
@@ -128,6 +188,7 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
                 if (!valid) {
                     _mm512_store_ps(p[t], _mm512_setzero_ps());
                     _mm512_store_ps(p[t] + 16, _mm512_setzero_ps());
+                    memset(pp[t], 0, sizeof pp[t]);
                     continue;
                 }
                 const float high = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m0, s[i][0]),
@@ -138,6 +199,10 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
                 const __m512 e1 = _mm512_maskz_mov_ps(m1, prompt_exp(_mm512_sub_ps(s[i][1], shift)));
                 _mm512_store_ps(p[t], e0);
                 _mm512_store_ps(p[t] + 16, e1);
+#if defined(__AVX512BF16__)
+                if (a->bf16_products) /* pair jp: keys 2jp, 2jp + 1 */
+                    _mm512_store_si512(pp[t], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+#endif
                 const float sum = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
                 if (top != best[t]) { /* a new maximum: what was summed so far shrinks */
                     const float keep = best[t] == -INFINITY ? 0.0f : expf(best[t] - top);
@@ -152,10 +217,21 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
             for (int c = 0; c < chunks; c++) {
                 __m512 o[PROMPT_GROUP];
                 for (int i = 0; i < PROMPT_GROUP; i++) o[i] = _mm512_load_ps(acc[i < count ? g + i : g] + 16 * c);
-                for (int j = 0; j < nk; j++) {
-                    const __m512 x = _mm512_load_ps(vb + j * dim + 16 * c);
-                    for (int i = 0; i < PROMPT_GROUP; i++)
-                        o[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i < count ? g + i : g][j]), x, o[i]);
+                if (a->bf16_products) {
+#if defined(__AVX512BF16__)
+                    const uint16_t *vp = (const uint16_t *)a->values + at;
+                    for (int jp = 0; jp < (nk + 1) / 2; jp++) {
+                        const __m512bh x = (__m512bh)_mm512_load_si512(vp + ((int64_t)jp * dim + 16 * c) * 2);
+                        for (int i = 0; i < PROMPT_GROUP; i++)
+                            o[i] = _mm512_dpbf16_ps(o[i], x, (__m512bh)_mm512_set1_epi32((int)pp[i < count ? g + i : g][jp]));
+                    }
+#endif
+                } else {
+                    for (int j = 0; j < nk; j++) {
+                        const __m512 x = _mm512_load_ps(vb + j * dim + 16 * c);
+                        for (int i = 0; i < PROMPT_GROUP; i++)
+                            o[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i < count ? g + i : g][j]), x, o[i]);
+                    }
                 }
                 for (int i = 0; i < count; i++) _mm512_store_ps(acc[g + i] + 16 * c, o[i]);
             }
@@ -175,13 +251,16 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
  * written) for a shape it does not take: dim a multiple of 16 up to PROMPT_MAX_DIM, query
  * heads a multiple of the KV heads and at most PROMPT_TASK_ROWS of them to one, 1 <= n <= ctx. */
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
-                           int num_kv_heads, int dim, float scale, float *out) {
+                           int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
     if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx)
         return -1;
+#if !defined(__AVX512BF16__)
+    if (bf16_products) return -1;
+#endif
     const int64_t key_blocks = ((int64_t)ctx + ATTENTION_TOKENS - 1) / ATTENTION_TOKENS;
-    const size_t bytes = (size_t)num_kv_heads * key_blocks * ATTENTION_TOKENS * dim * sizeof(float);
-    PromptAttention a = {q, k, v, kv_bf16, n, ctx, num_heads, num_kv_heads, dim, scale, out,
+    const size_t bytes = (size_t)num_kv_heads * key_blocks * ATTENTION_TOKENS * dim * (bf16_products ? 2 : 4);
+    PromptAttention a = {q, k, v, kv_bf16, n, ctx, num_heads, num_kv_heads, dim, scale, out, bf16_products,
                          aligned_alloc(64, bytes), aligned_alloc(64, bytes), key_blocks};
     if (!a.keys || !a.values) {
         free(a.keys);
@@ -193,7 +272,15 @@ int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_
     {
 #pragma omp for collapse(2) schedule(static)
         for (int kvh = 0; kvh < num_kv_heads; kvh++)
-            for (int64_t b = 0; b < key_blocks; b++) prompt_widen_block(&a, kvh, b);
+            for (int64_t b = 0; b < key_blocks; b++) {
+#if defined(__AVX512BF16__)
+                if (bf16_products) {
+                    prompt_pack_block(&a, kvh, b);
+                    continue;
+                }
+#endif
+                prompt_widen_block(&a, kvh, b);
+            }
         /* later row blocks see more keys: dynamic scheduling evens the threads out */
 #pragma omp for collapse(2) schedule(dynamic)
         for (int kvh = 0; kvh < num_kv_heads; kvh++)
@@ -206,9 +293,9 @@ int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_
 }
 #else
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
-                           int num_kv_heads, int dim, float scale, float *out) {
+                           int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
     (void)q, (void)k, (void)v, (void)kv_bf16, (void)n, (void)ctx, (void)num_heads, (void)num_kv_heads, (void)dim;
-    (void)scale, (void)out;
+    (void)scale, (void)out, (void)bf16_products;
     return -1;
 }
 #endif

@@ -27,24 +27,34 @@ def supported(lib: ctypes.CDLL | None, num_heads: int, num_kv_heads: int, head_d
     return None
 
 
-def attend(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
+def takes_bf16(lib: ctypes.CDLL) -> bool:
+    """Whether the library multiplies bf16 here (built with AVX512-BF16)."""
+    one = torch.zeros(1, 1, 16)
+    return attend(lib, one, one.bfloat16(), one.bfloat16(), 1.0, bf16=True) is not None
+
+
+def attend(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+           bf16: bool = False) -> torch.Tensor | None:
     """Causal attention of q [n, Hq, D] (the last n positions) over k, v [ctx, Hkv, D]:
     [n, Hq, D] float32, or None where the library does not take it (MemoryError where the
-    float32 copy of the context it makes could not be allocated)."""
+    copy of the context it makes could not be allocated). `bf16`: products of bf16 values
+    (the query, keys, values and probabilities rounded to bf16, as torch's bf16 attention
+    rounds them) on AVX512-BF16 dot products, sums in float32."""
     q = q.to(torch.float32).contiguous()
     k, v = k.contiguous(), v.contiguous()
     out = torch.empty(q.shape, dtype=torch.float32)
     status = lib.baton_prompt_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16),
                                         q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], scale,
-                                        out.data_ptr())
+                                        out.data_ptr(), int(bf16))
     if status == -2:
         raise MemoryError(f"native prompt attention: no memory to widen a context of {k.shape[0]} tokens")
     return out if status == 0 else None
 
 
-def paged_prefill_attention_op(lib: ctypes.CDLL):
-    """ref.paged_prefill_attention's signature and results (within float32 summation), on
-    the native kernel: each sequence's context gathered from its blocks once."""
+def paged_prefill_attention_op(lib: ctypes.CDLL, bf16: bool = False):
+    """ref.paged_prefill_attention's signature and results (within float32 summation, or
+    bf16 rounding with `bf16`), on the native kernel: each sequence's context gathered from
+    its blocks once."""
 
     def paged_prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
         out = torch.empty_like(q)
@@ -57,7 +67,7 @@ def paged_prefill_attention_op(lib: ctypes.CDLL):
                 vb = _gather_context(v_cache, block_tables[b], ctx_len)
             if kb.dtype not in (torch.float32, torch.bfloat16):
                 kb, vb = kb.float(), vb.float()
-            result = attend(lib, q[start:end], kb, vb, scale)
+            result = attend(lib, q[start:end], kb, vb, scale, bf16)
             if result is None:
                 raise RuntimeError(f"native prompt attention refused a chunk of {end - start} rows over {ctx_len}")
             out[start:end] = result.to(q.dtype)
@@ -71,10 +81,11 @@ def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, sett
     ("0" never, "1" wherever the kernel runs, else where it was measured the faster).
 
     torch's CPU flash attention multiplies through MKL's sgemm, and MKL takes its generic
-    code on AMD CPUs: there this kernel ran 2.0x faster (a 512-row chunk over 2,000 tokens of
-    SmolLM2, one core of an AMD EPYC). On Intel CPUs MKL runs its own AVX-512 code, and with
-    AMX torch's bf16 attention multiplies on the tiles (2.5x its fp32 speed on a Xeon): this
-    kernel was not measured against either, so torch's stays there."""
+    code on AMD CPUs: there this kernel ran 2.0x faster in float32 and 2.96x with bf16
+    products (a 512-row chunk over 2,000 tokens of SmolLM2, one core of an AMD EPYC). On
+    Intel CPUs MKL runs its own AVX-512 code, and with AMX torch's bf16 attention multiplies
+    on the tiles (2.5x its fp32 speed on a Xeon): this kernel was not measured against
+    either, so torch's stays there."""
     if setting == "0":
         return False, "BATON_NATIVE_PROMPT_ATTENTION=0"
     if unsupported is not None:
