@@ -58,7 +58,7 @@ def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     return keep, slot_mapping[keep].long()
 
 
-def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one sequence from a paged cache: [length, Hkv, D]."""
     num_blocks = -(-length // cache.shape[1])
     return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
@@ -192,8 +192,8 @@ def paged_prefill_attention(
             kb, vb = k[start:end], v[start:end]
             mask, causal = None, True
         else:
-            kb = _gather_context(k_cache, block_tables[b], ctx_len).to(q.dtype)
-            vb = _gather_context(v_cache, block_tables[b], ctx_len).to(q.dtype)
+            kb = gather_context(k_cache, block_tables[b], ctx_len).to(q.dtype)
+            vb = gather_context(v_cache, block_tables[b], ctx_len).to(q.dtype)
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
             mask, causal = mask[None, None], False

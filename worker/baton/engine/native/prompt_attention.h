@@ -5,11 +5,12 @@
  * widened first), and on CPUs where MKL takes its generic code path (AMD EPYC) a 2,000-token
  * prompt of SmolLM2 spent 2.7 s of 4.3 s there on one core. Here each task takes one KV head
  * and up to 64 query rows (chunk rows x the query heads that share it), and walks the keys
- * in blocks of 32 (widened to float32 and transposed once for all tasks) with an online
- * softmax: scores as 8 rows
- * x 32 keys of FMAs on a transposed key block, the values' sums as 8 rows x 16 values at a
- * time, everything in float32 (bf16 keys and values widened exactly). A row sees the keys
- * up to its own position; rows are independent of each other.
+ * in blocks of 32 with an online softmax; the context is laid out once for all tasks
+ * (PromptAttention). Scores are 8 rows x 32 keys at a time, the values' sums 8 rows x 16
+ * values, either as float32 FMAs (bf16 keys and values widened exactly) or, with
+ * `bf16_products`, as VDPBF16PS on bf16 pairs (the query, keys, values and probabilities
+ * rounded to bf16, as torch's bf16 attention rounds them); sums in float32 either way. A
+ * row sees the keys up to its own position; rows are independent of each other.
  * Included by decode_step.c (after exp_in_place).
  */
 #define PROMPT_TASK_ROWS 64 /* query rows a task holds: (chunk rows) x (query heads of one KV head) */

@@ -1,6 +1,7 @@
 """Prompt (prefill and extend) attention in native code for the torch path's prompt steps
-(prompt_attention.h): the twin of kernels/ref.py's `paged_prefill_attention`, computed in
-float32 whatever the activations' dtype, over the cache's own rows (bf16 or float32)."""
+(prompt_attention.h): the twin of kernels/ref.py's `paged_prefill_attention`, over the
+cache's own rows (bf16 or float32), with float32 products or bf16 ones (AVX512-BF16), sums
+in float32 whatever the activations' dtype; `choose` says where it runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import ctypes
 import torch
 
 from baton.engine.cpu_features import CpuInfo
-from baton.engine.kernels.ref import _gather_context
+from baton.engine.kernels.ref import gather_context
 
 
 def supported(lib: ctypes.CDLL | None, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -63,8 +64,8 @@ def paged_prefill_attention_op(lib: ctypes.CDLL, bf16: bool = False):
             if ctx_len == end - start:  # no cached tokens: its own fresh K/V
                 kb, vb = k[start:end], v[start:end]
             else:
-                kb = _gather_context(k_cache, block_tables[b], ctx_len)
-                vb = _gather_context(v_cache, block_tables[b], ctx_len)
+                kb = gather_context(k_cache, block_tables[b], ctx_len)
+                vb = gather_context(v_cache, block_tables[b], ctx_len)
             if kb.dtype not in (torch.float32, torch.bfloat16):
                 kb, vb = kb.float(), vb.float()
             result = attend(lib, q[start:end], kb, vb, scale, bf16)
