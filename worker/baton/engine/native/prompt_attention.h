@@ -70,6 +70,25 @@ static inline int64_t prompt_block_at(const PromptAttention *a, int kvh, int64_t
     return ((int64_t)kvh * a->blocks + block) * ATTENTION_TOKENS * a->dim;
 }
 
+/* The keys and values of block `block` of KV head kvh widened to float32, as rows: keys[j],
+ * values + j * stride; zero past ctx. */
+static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, float keys[][PROMPT_MAX_DIM],
+                              float *values, int stride) {
+    const int dim = a->dim;
+    for (int j = 0; j < ATTENTION_TOKENS; j++) {
+        const int64_t key = block * ATTENTION_TOKENS + j;
+        float *value = values + (int64_t)j * stride;
+        if (key < a->ctx) {
+            const int64_t at = (key * a->num_kv_heads + kvh) * dim;
+            prompt_row(a->k, a->kv_bf16, at, dim, keys[j]);
+            prompt_row(a->v, a->kv_bf16, at, dim, value);
+        } else {
+            memset(keys[j], 0, sizeof(float) * dim);
+            memset(value, 0, sizeof(float) * dim);
+        }
+    }
+}
+
 #if defined(__AVX512BF16__)
 /* Block `block` of KV head kvh into a->keys and a->values as bf16 pairs (see PromptAttention). */
 static void prompt_pack_block(const PromptAttention *a, int kvh, int64_t block) {
@@ -78,17 +97,7 @@ static void prompt_pack_block(const PromptAttention *a, int kvh, int64_t block) 
     const int dim = a->dim;
     uint16_t *kp = (uint16_t *)a->keys + prompt_block_at(a, kvh, block);
     uint16_t *vp = (uint16_t *)a->values + prompt_block_at(a, kvh, block);
-    for (int j = 0; j < ATTENTION_TOKENS; j++) {
-        const int64_t key = block * ATTENTION_TOKENS + j;
-        if (key < a->ctx) {
-            const int64_t at = (key * a->num_kv_heads + kvh) * dim;
-            prompt_row(a->k, a->kv_bf16, at, dim, kr[j]);
-            prompt_row(a->v, a->kv_bf16, at, dim, vr[j]);
-        } else {
-            memset(kr[j], 0, sizeof(float) * dim);
-            memset(vr[j], 0, sizeof(float) * dim);
-        }
-    }
+    prompt_load_block(a, kvh, block, kr, vr[0], PROMPT_MAX_DIM);
     for (int i = 0; i < dim / 2; i++)
         for (int j = 0; j < ATTENTION_TOKENS; j++) {
             kp[(i * ATTENTION_TOKENS + j) * 2] = f32_to_bf16(kr[j][2 * i]);
@@ -107,17 +116,7 @@ static void prompt_widen_block(const PromptAttention *a, int kvh, int64_t block)
     float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     const int dim = a->dim;
     float *kt = (float *)a->keys + prompt_block_at(a, kvh, block), *vb = (float *)a->values + prompt_block_at(a, kvh, block);
-    for (int j = 0; j < ATTENTION_TOKENS; j++) {
-        const int64_t key = block * ATTENTION_TOKENS + j;
-        if (key < a->ctx) {
-            const int64_t at = (key * a->num_kv_heads + kvh) * dim;
-            prompt_row(a->k, a->kv_bf16, at, dim, kr[j]);
-            prompt_row(a->v, a->kv_bf16, at, dim, vb + (int64_t)j * dim);
-        } else {
-            memset(kr[j], 0, sizeof(float) * dim);
-            memset(vb + (int64_t)j * dim, 0, sizeof(float) * dim);
-        }
-    }
+    prompt_load_block(a, kvh, block, kr, vb, dim);
     for (int d = 0; d < dim; d++)
         for (int j = 0; j < ATTENTION_TOKENS; j++) kt[d * ATTENTION_TOKENS + j] = kr[j][d];
 }
@@ -136,9 +135,11 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     for (int t = 0; t < all; t++) {
         const int h = kvh * group + t / rows, r = t % rows;
         const float *row = a->q + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
-        for (int d = 0; d < dim; d++) qs[t][d] = row[d] * a->scale;
-        for (int i = 0; i < dim / 2; i++) /* bf16 products: the query rounded, scaled after */
-            qp[t][i] = (uint32_t)f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
+        if (a->bf16_products) /* the query rounded, the scores scaled after */
+            for (int i = 0; i < dim / 2; i++)
+                qp[t][i] = (uint32_t)f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
+        else
+            for (int d = 0; d < dim; d++) qs[t][d] = row[d] * a->scale;
         memset(acc[t], 0, sizeof(float) * dim);
         best[t] = -INFINITY;
         total[t] = 0.0f;
@@ -187,9 +188,8 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
                 const __mmask16 m0 = (__mmask16)(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
                 const __mmask16 m1 = (__mmask16)(valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (1u << (valid - 16)) - 1);
                 if (!valid) {
-                    _mm512_store_ps(p[t], _mm512_setzero_ps());
-                    _mm512_store_ps(p[t] + 16, _mm512_setzero_ps());
-                    memset(pp[t], 0, sizeof pp[t]);
+                    if (a->bf16_products) memset(pp[t], 0, sizeof pp[t]);
+                    else memset(p[t], 0, sizeof p[t]);
                     continue;
                 }
                 const float high = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m0, s[i][0]),
@@ -198,12 +198,14 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
                 const __m512 shift = _mm512_set1_ps(top);
                 const __m512 e0 = _mm512_maskz_mov_ps(m0, prompt_exp(_mm512_sub_ps(s[i][0], shift)));
                 const __m512 e1 = _mm512_maskz_mov_ps(m1, prompt_exp(_mm512_sub_ps(s[i][1], shift)));
-                _mm512_store_ps(p[t], e0);
-                _mm512_store_ps(p[t] + 16, e1);
+                if (a->bf16_products) { /* pair jp: keys 2jp, 2jp + 1 */
 #if defined(__AVX512BF16__)
-                if (a->bf16_products) /* pair jp: keys 2jp, 2jp + 1 */
                     _mm512_store_si512(pp[t], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
 #endif
+                } else {
+                    _mm512_store_ps(p[t], e0);
+                    _mm512_store_ps(p[t] + 16, e1);
+                }
                 const float sum = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
                 if (top != best[t]) { /* a new maximum: what was summed so far shrinks */
                     const float keep = best[t] == -INFINITY ? 0.0f : expf(best[t] - top);
