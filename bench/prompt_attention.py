@@ -1,0 +1,83 @@
+"""Prompt attention on each CPU path, by chunk and context: torch's (its flash attention, in
+float32 and in bf16) against the native kernel (native/prompt_attention.h, float32 products
+and, with AVX512-BF16, bf16 ones), on SmolLM2's heads (9 query, 3 KV, size 64), the KV cache
+in bf16 as `auto` keeps it. Each cell is one layer's attention, best of `--repeats`, the
+paths taking turns so drift hits each alike. This is what native/prompt_attention.py's
+`choose` is decided from, per CPU vendor.
+
+    python bench/prompt_attention.py --threads 1    # writes bench/results/prompt_attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from types import SimpleNamespace
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("results")
+# (new rows, context): a serving prompt whole, chunks of a long prompt early and late, an extend
+SHAPES = ((256, 256), (512, 512), (512, 2000), (64, 2000), (1024, 1024))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=RESULTS / "prompt_attention.json")
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before the native library's OpenMP starts
+
+    import torch
+    from machine_info import machine_record
+
+    from baton.engine.kernels import compute_prompt_attention_in, ref
+    from baton.engine.native import build
+    from baton.engine.native import prompt_attention as native
+
+    torch.set_num_threads(args.threads)
+    lib = build.load()
+    heads, kv_heads, dim, block = 9, 3, 64, 16
+    unsupported = native.supported(lib, heads, kv_heads, dim, torch.bfloat16)
+    # float32 activations, as `auto` runs them on quantized weights; torch's bf16 path casts
+    # in and out as the engine's (kernels.compute_prompt_attention_in)
+    in_bf16 = SimpleNamespace(paged_prefill_attention=ref.paged_prefill_attention)
+    compute_prompt_attention_in(in_bf16, torch.bfloat16)
+    paths = {"torch_fp32": ref.paged_prefill_attention, "torch_bf16": in_bf16.paged_prefill_attention}
+    if unsupported is None:
+        paths["native_fp32"] = native.paged_prefill_attention_op(lib, False)
+        if native.takes_bf16(lib):
+            paths["native_bf16"] = native.paged_prefill_attention_op(lib, True)
+
+    table: dict[str, dict[str, float]] = {name: {} for name in paths}
+    for rows, ctx in SHAPES:
+        blocks = -(-ctx // block)
+        k_cache = torch.randn(blocks, block, kv_heads, dim).bfloat16()
+        v_cache = torch.randn(blocks, block, kv_heads, dim).bfloat16()
+        table_row = torch.randperm(blocks, dtype=torch.int32)[None]
+        q = torch.randn(rows, heads, dim)
+        flat_k = ref.gather_context(k_cache, table_row[0], ctx)[ctx - rows:].float()
+        flat_v = ref.gather_context(v_cache, table_row[0], ctx)[ctx - rows:].float()
+        best = {name: float("inf") for name in paths}
+        for _ in range(args.repeats):
+            for name, attend in paths.items():
+                start = time.perf_counter()
+                attend(q, flat_k, flat_v, k_cache, v_cache, table_row, [0, rows], [ctx], dim ** -0.5)
+                best[name] = min(best[name], time.perf_counter() - start)
+        key = f"{rows}x{ctx}"
+        for name in paths:
+            table[name][key] = round(best[name] * 1e3, 3)
+        print(f"{key:>10}: " + "  ".join(f"{n} {table[n][key]:7.2f} ms" for n in paths), flush=True)
+
+    result = {"machine": machine_record(args.threads), "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
+              "kv_cache_dtype": "bfloat16", "repeats": args.repeats, "native_unsupported": unsupported,
+              "ms_per_layer_best": table}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
