@@ -72,8 +72,10 @@ static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f,
 /* One group's weights as bf16 tiles: block b at panel + b * BF16_TILE_VALUES. */
 static void bf16_panel(const uint8_t *group, const QuantFormat *f, int nb, uint16_t *panel) {
     const int step = QUANT_ROWS * f->block_bytes;
-    for (int b = 0; b < nb; b++)
+    for (int b = 0; b < nb; b++) {
+        prefetch_block_ahead(group + (int64_t)b * step, step);
         bf16_dequantize_block(group + (int64_t)b * step, f, panel + (int64_t)b * BF16_TILE_VALUES);
+    }
 }
 
 /* x[rows, k] float32 -> bf16 tiles (round to nearest even): the tile of rows 16t..16t+15
