@@ -14,8 +14,8 @@ import argparse
 import json
 import os
 import time
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 RESULTS = Path(__file__).with_name("results")
 # (new rows, context): a serving prompt whole, chunks of a long prompt early and late, an extend

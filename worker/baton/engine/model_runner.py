@@ -60,6 +60,7 @@ class ModelRunner:
         self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)
         if device.type == "cpu":
             self._choose_prompt_attention(dtype, config)
+            self._choose_decode_attention(dtype)
         self.model.prepare()
         self.num_blocks = num_blocks or self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
@@ -93,6 +94,22 @@ class ModelRunner:
             compute_prompt_attention_in(self.ops, attention)
             log.info("prompt attention in %s, activations in %s: %s (native kernel unused: %s)",
                      attention, dtype, why, reason)
+
+    def _choose_decode_attention(self, dtype: torch.dtype) -> None:
+        """On CPU: the decode rows of steps with prompt tokens attend in the native step's
+        loops (native/decode_attention.py) where the library serves these dtypes; logged.
+        BATON_NATIVE_DECODE_ATTENTION=0 keeps torch's."""
+        from baton.engine.native import build
+        from baton.engine.native import decode_attention as native_decode
+
+        why = native_decode.supported(build.load(), dtype, self.kv_dtype)
+        if os.environ.get("BATON_NATIVE_DECODE_ATTENTION", "") == "0":
+            why = "BATON_NATIVE_DECODE_ATTENTION=0"
+        if why is None:
+            self.ops.paged_decode_attention = native_decode.paged_decode_attention_op(build.load())
+            log.info("decode attention beside prompt tokens: native (the decode step's loops)")
+        else:
+            log.info("decode attention beside prompt tokens: torch's (%s)", why)
 
     # -- KV cache --------------------------------------------------------------------
     def block_bytes(self) -> int:

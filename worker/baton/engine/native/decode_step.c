@@ -286,3 +286,47 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
 #define LINEAR linear_bf16
 #define FN(name) name##_bf16
 #include "decode_step_body.h"
+
+/* The decode step's attention on its own, for the torch path's decode rows (a step that also
+ * carries prompt tokens; native/decode_attention.py): row r's query q[r] ([num_heads, dim],
+ * float32) over the first context_lens[r] tokens of its paged context (block table row r),
+ * into out[r] in float32; `round_bf16` rounds each result to bf16, as bf16 activations hold
+ * it. The same loops as a decode-only step's, so a decode row gets the same values whether
+ * or not a prompt shares its step. kv_bf16: the cache holds bf16 values, else float32.
+ * 0, or -1 for a shape the loops do not take. */
+int baton_decode_attention(const float *q, int rows, const void *k_cache, const void *v_cache, int kv_bf16,
+                           const int32_t *tables, int table_width, const int32_t *context_lens, int block_size,
+                           int num_heads, int num_kv_heads, int head_dim, float scale, int round_bf16,
+                           float *out) {
+    if (rows < 0 || num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 || block_size <= 0 ||
+        (round_bf16 && !kv_bf16))
+        return -1;
+    const int group = num_heads / num_kv_heads;
+    const int parts = (group + ATTENTION_HEADS - 1) / ATTENTION_HEADS, items = num_kv_heads * parts;
+    int64_t work = 0;
+    for (int r = 0; r < rows; r++) {
+        if (context_lens[r] < 1 || context_lens[r] > (int64_t)table_width * block_size) return -1;
+        work += context_lens[r];
+    }
+#pragma omp parallel for collapse(2) schedule(static) if (work * num_heads > 4096)
+    for (int r = 0; r < rows; r++) {
+        for (int item = 0; item < items; item++) {
+            const int kv_head = item / parts, first = kv_head * group + (item % parts) * ATTENTION_HEADS;
+            const int heads = (kv_head + 1) * group - first < ATTENTION_HEADS ? (kv_head + 1) * group - first
+                                                                             : ATTENTION_HEADS;
+            const float *qr = q + ((int64_t)r * num_heads + first) * head_dim;
+            const int32_t *table = tables + (int64_t)r * table_width;
+            float *o = out + ((int64_t)r * num_heads + first) * head_dim;
+            if (round_bf16)
+                attend_group_bf16(qr, heads, (const uint16_t *)k_cache, (const uint16_t *)v_cache, table, block_size,
+                                  context_lens[r], kv_head, num_kv_heads, head_dim, scale, o);
+            else if (kv_bf16)
+                attend_group_f32_kvbf16(qr, heads, (const uint16_t *)k_cache, (const uint16_t *)v_cache, table,
+                                        block_size, context_lens[r], kv_head, num_kv_heads, head_dim, scale, o);
+            else
+                attend_group_f32(qr, heads, (const float *)k_cache, (const float *)v_cache, table, block_size,
+                                 context_lens[r], kv_head, num_kv_heads, head_dim, scale, o);
+        }
+    }
+    return 0;
+}
