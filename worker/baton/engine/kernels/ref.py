@@ -242,7 +242,7 @@ def rotary_embedding(
     """
     cos2, sin2 = _per_step("rope", positions, lambda: _rope_factors(positions, cos_sin_cache, q.dtype))
     heads_q = q.shape[1]
-    if _adjacent_heads(q, k):
+    if adjacent_heads(q, k):
         both = q.as_strided((q.shape[0], heads_q + k.shape[1], q.shape[2]), q.stride())
         out = _rotate(both, cos2, sin2)
         return out[:, :heads_q], out[:, heads_q:]
@@ -263,7 +263,7 @@ def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Te
     return (pairs * cos2 + pairs.flip(-2) * sin2).flatten(-2)
 
 
-def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> bool:
+def adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> bool:
     """True when k's heads continue q's in memory with the same strides (one view covers both)."""
     same_rows = q.shape[0] == 1 or q.stride(0) == k.stride(0)  # a single row's stride is arbitrary
     return (q.dtype == k.dtype and same_rows and q.stride()[1:] == k.stride()[1:] == (q.shape[2], 1)
