@@ -20,14 +20,6 @@ from baton.engine.quant.weight import DenseProducts, QuantizedTensor, QuantizedW
 from .quant_data import random_rows
 
 
-@pytest.fixture(scope="module")
-def lib():
-    lib = build.load()
-    if lib is None:
-        pytest.skip(f"native library unavailable: {build.failure()}")
-    return lib
-
-
 @pytest.fixture(params=["avx512_bf16", "amx"])
 def engine(request, lib):
     name = request.param

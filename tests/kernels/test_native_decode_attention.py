@@ -10,16 +10,7 @@ import pytest
 import torch
 
 from baton.engine.kernels import ref
-from baton.engine.native import build
 from baton.engine.native import decode_attention as native
-
-
-@pytest.fixture(scope="module")
-def lib():
-    lib = build.load()
-    if lib is None:
-        pytest.skip(f"native library unavailable: {build.failure()}")
-    return lib
 
 
 def _paged(lens: list[int], hkv: int, d: int, kv_dtype: torch.dtype, block_size: int = 16, seed: int = 0):

@@ -9,16 +9,7 @@ import torch
 
 from baton.engine.kernels import ref
 from baton.engine.models.rope import cos_sin_cache
-from baton.engine.native import build
 from baton.engine.native.rope import rotary_embedding_op
-
-
-@pytest.fixture(scope="module")
-def lib():
-    lib = build.load()
-    if lib is None:
-        pytest.skip(f"native library unavailable: {build.failure()}")
-    return lib
 
 
 def _fused(rows: int, hq: int, hkv: int, d: int, dtype=torch.float32, seed: int = 0):
