@@ -79,6 +79,14 @@ def test_a_context_longer_than_its_block_table_is_refused_by_name(lib):
         native.paged_decode_attention_op(lib)(q, k_cache, v_cache, tables, torch.tensor([33], dtype=torch.int32), 0.25)
 
 
+def test_a_block_outside_the_cache_is_refused_not_read(lib):
+    k_cache, v_cache, tables = _paged([20], 1, 16, torch.float32)
+    q = torch.randn(1, 2, 16)
+    tables[0, 1] = k_cache.shape[0]  # one past the last block
+    with pytest.raises(RuntimeError, match="outside the cache's 5 blocks"):
+        native.paged_decode_attention_op(lib)(q, k_cache, v_cache, tables, torch.tensor([20], dtype=torch.int32), 0.25)
+
+
 @pytest.mark.parametrize("dtype, kv_dtype, wanted", [
     (torch.float32, torch.float32, None),
     (torch.float32, torch.bfloat16, None),

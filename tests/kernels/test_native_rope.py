@@ -55,3 +55,10 @@ def test_a_position_count_that_does_not_fit_is_refused(lib):
     _, q, k, _ = _fused(4, 9, 3, 64)
     with pytest.raises(ValueError, match="RoPE: 3 positions for 4 rows"):
         rotary_embedding_op(lib, ref.rotary_embedding)(torch.arange(3), q, k, cache)
+
+
+def test_a_position_past_the_table_is_refused(lib):
+    cache = cos_sin_cache(64, 512, 10000.0, None)
+    _, q, k, _ = _fused(2, 9, 3, 64)
+    with pytest.raises(IndexError, match="positions 3..512 outside the 512 the cos/sin table holds"):
+        rotary_embedding_op(lib, ref.rotary_embedding)(torch.tensor([3, 512]), q, k, cache)

@@ -36,11 +36,12 @@ def paged_decode_attention_op(lib: ctypes.CDLL):
         lens = context_lens.to(torch.int32).contiguous()
         status = lib.baton_decode_attention(
             queries.data_ptr(), rows, k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
-            tables.data_ptr(), tables.shape[1], lens.data_ptr(), k_cache.shape[1], num_heads, k_cache.shape[2],
+            k_cache.shape[0], tables.data_ptr(), tables.shape[1], lens.data_ptr(), k_cache.shape[1], num_heads, k_cache.shape[2],
             head_dim, scale, int(q.dtype == torch.bfloat16), out.data_ptr())
         if status != 0:
             raise RuntimeError(f"native decode attention refused {rows} rows of {num_heads} heads "
-                               f"(KV heads {k_cache.shape[2]}, head size {head_dim}, contexts {lens.tolist()})")
+                               f"(KV heads {k_cache.shape[2]}, head size {head_dim}, contexts {lens.tolist()}, "
+                               f"a block table outside the cache's {k_cache.shape[0]} blocks, or too short)")
         return out.to(q.dtype)
 
     return paged_decode_attention

@@ -295,17 +295,21 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
  * or not a prompt shares its step. kv_bf16: the cache holds bf16 values, else float32.
  * 0, or -1 for a shape the loops do not take. */
 int baton_decode_attention(const float *q, int rows, const void *k_cache, const void *v_cache, int kv_bf16,
-                           const int32_t *tables, int table_width, const int32_t *context_lens, int block_size,
-                           int num_heads, int num_kv_heads, int head_dim, float scale, int round_bf16,
-                           float *out) {
+                           int num_blocks, const int32_t *tables, int table_width, const int32_t *context_lens,
+                           int block_size, int num_heads, int num_kv_heads, int head_dim, float scale,
+                           int round_bf16, float *out) {
     if (rows < 0 || num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 || block_size <= 0 ||
         (round_bf16 && !kv_bf16))
         return -1;
     const int group = num_heads / num_kv_heads;
     const int parts = (group + ATTENTION_HEADS - 1) / ATTENTION_HEADS, items = num_kv_heads * parts;
     int64_t work = 0;
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < rows; r++) { /* every block a row reads lies in the cache */
         if (context_lens[r] < 1 || context_lens[r] > (int64_t)table_width * block_size) return -1;
+        for (int b = 0; b < (context_lens[r] + block_size - 1) / block_size; b++) {
+            const int32_t id = tables[(int64_t)r * table_width + b];
+            if (id < 0 || id >= num_blocks) return -1;
+        }
         work += context_lens[r];
     }
 #pragma omp parallel for collapse(2) schedule(static) if (work * num_heads > 4096)
