@@ -125,3 +125,13 @@ def test_workers_get_the_ray_address_and_ray_counts_their_ranks():
     # 3 servers and the router, and for each worker one more rank, twice over (a regroup)
     assert ray_cpus(plans, 1, 2) == 3 + 1 + 3 * 2
     assert ray_cpus(plan_workers(["both"], [0]), 1, 1) == 2
+
+
+def test_a_stacks_ports_are_all_distinct():
+    """Chosen together, so the kernel cannot hand one out twice (one at a time, bound and
+    closed, it gave two decode workers of one stack the same port)."""
+    from baton.local.runtime import free_ports
+
+    for _ in range(20):
+        ports = free_ports(16)
+        assert len(set(ports)) == 16 and all(0 < p < 65536 for p in ports)

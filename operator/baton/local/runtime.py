@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -56,10 +57,19 @@ class RunningServer:
     actor: object
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on loopback now. Every socket stays bound until all are
+    chosen: one bound and closed at a time, the kernel once gave two workers of one stack
+    the same port, and the second could not bind it."""
+    with contextlib.ExitStack() as sockets:
+        bound = [sockets.enter_context(socket.socket()) for _ in range(count)]
+        for s in bound:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in bound]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def announce(message: str) -> None:
@@ -100,6 +110,7 @@ class LocalStack:
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="baton-up-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._started_ray = False
+        self._router_port: int | None = None  # chosen with the workers' (`_start_workers`)
 
     @property
     def url(self) -> str:
@@ -143,7 +154,10 @@ class LocalStack:
     def _start_workers(self, remote, plans: list[WorkerPlan]) -> None:
         local = not self.spec.address
         host = "127.0.0.1" if local else "0.0.0.0"
-        ports = [(free_port(), free_port()) for _ in plans]
+        # the router's too, so that no two servers of the stack are handed one port
+        flat = free_ports(2 * len(plans) + 1)
+        ports = list(zip(flat[0:-1:2], flat[1:-1:2]))
+        self._router_port = flat[-1]
         advertise = "127.0.0.1"  # on a joined cluster each actor reports its node below
         env = {"BATON_INTERNAL_TOKEN": self.token}
         actors = []
@@ -168,7 +182,7 @@ class LocalStack:
     def _start_router(self, remote) -> None:
         import ray
 
-        port = self.spec.port or free_port()
+        port = self.spec.port or self._router_port or free_port()
         args = ["--host", "127.0.0.1" if not self.spec.address else "0.0.0.0", "--port", str(port),
                 "--workers", ",".join(w.url for w in self.workers)]
         if self.spec.model:
