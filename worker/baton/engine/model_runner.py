@@ -61,7 +61,7 @@ class ModelRunner:
         if device.type == "cpu":
             self._choose_prompt_attention(dtype, config)
             self._choose_decode_attention(dtype)
-            self._choose_rope()
+            self._choose_elementwise()
         self.model.prepare()
         self.num_blocks = num_blocks or self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
@@ -112,16 +112,19 @@ class ModelRunner:
         else:
             log.info("decode attention beside prompt tokens: torch's (%s)", why)
 
-    def _choose_rope(self) -> None:
-        """On CPU: RoPE on float32 rows in the native step's loop (native/rope.py; the same
-        bits as torch's four tensor ops, ~0.3 ms a layer less for a 256-token prompt);
-        BATON_NATIVE_ROPE=0 keeps torch's."""
+    def _choose_elementwise(self) -> None:
+        """On CPU: RoPE and SwiGLU on float32 rows in native code (native/rope.py: the same
+        bits as torch's four tensor ops; native/swiglu.py: one pass, not two);
+        BATON_NATIVE_ROPE=0 and BATON_NATIVE_SWIGLU=0 keep torch's."""
         from baton.engine.native import build
         from baton.engine.native.rope import rotary_embedding_op
+        from baton.engine.native.swiglu import silu_and_mul_op
 
         lib = build.load()
         if lib is not None and os.environ.get("BATON_NATIVE_ROPE", "") != "0":
             self.ops.rotary_embedding = rotary_embedding_op(lib, self.ops.rotary_embedding)
+        if lib is not None and os.environ.get("BATON_NATIVE_SWIGLU", "") != "0":
+            self.ops.silu_and_mul = silu_and_mul_op(lib, self.ops.silu_and_mul)
 
     # -- KV cache --------------------------------------------------------------------
     def block_bytes(self) -> int:

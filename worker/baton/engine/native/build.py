@@ -106,6 +106,8 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.baton_rope_f32.restype = None
     lib.baton_rope_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                                    ctypes.c_void_p, ctypes.c_void_p]
+    lib.baton_silu_and_mul_f32.restype = None
+    lib.baton_silu_and_mul_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     lib.baton_quant_bf16_scratch_bytes.restype = ctypes.c_int64
     lib.baton_quant_bf16_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
     for name in ("baton_quant_product", "baton_quant_quantize_input", "baton_quant_dequantize_to"):

@@ -344,3 +344,29 @@ void baton_rope_f32(float *x, int64_t rows, int64_t row_stride, int heads, int h
 #pragma omp parallel for schedule(static) if (rows * heads * head_dim > 65536)
     for (int64_t r = 0; r < rows; r++) rope_heads_f32(x + r * row_stride, heads, head_dim, cos_sin, positions[r]);
 }
+
+/* silu(gate) * up on float32 rows for the torch path's steps
+ * (native/swiglu.py): gate_up [rows, 2 * width], the fused gate/up projection's output; out
+ * [rows, width]. silu(x) = x / (1 + e^-x) as torch computes it; e^-x by prompt_exp (about one
+ * ulp from the exact value, as torch's vectorized exp is) where the CPU has AVX-512. */
+void baton_silu_and_mul_f32(const float *gate_up, int64_t rows, int width, float *out) {
+#pragma omp parallel for schedule(static) if (rows * width > 262144)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * width, *up = gate + width;
+        float *o = out + r * width;
+        int i = 0;
+#if defined(__AVX512F__)
+        /* past e^88 prompt_exp's exponent overflows; there e^-x is infinite, as torch's is
+         * from 88.7, so silu is -0 (and NaN at -inf) as torch gives it */
+        const __m512 one = _mm512_set1_ps(1.0f), top = _mm512_set1_ps(88.0f);
+        const __m512 infinite = _mm512_set1_ps(INFINITY);
+        for (; i + 16 <= width; i += 16) {
+            const __m512 g = _mm512_loadu_ps(gate + i), minus = _mm512_sub_ps(_mm512_setzero_ps(), g);
+            const __mmask16 over = _mm512_cmp_ps_mask(minus, top, _CMP_GT_OQ);
+            const __m512 e = _mm512_mask_mov_ps(prompt_exp(_mm512_min_ps(minus, top)), over, infinite);
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+        }
+#endif
+        for (; i < width; i++) o[i] = (gate[i] / (1.0f + expf(-gate[i]))) * up[i];
+    }
+}
