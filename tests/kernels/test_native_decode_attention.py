@@ -72,6 +72,19 @@ def test_a_row_does_not_depend_on_its_batch(lib):
         assert torch.equal(alone[0], together[r])
 
 
+def test_queries_read_in_place_from_a_fused_projection(lib):
+    """q as the model hands it over, a view of the QKV output's rows: the same bits as a copy."""
+    lens = [300, 17]
+    k_cache, v_cache, tables = _paged(lens, 3, 64, torch.bfloat16)
+    heads = torch.randn(len(lens), 9 + 2 * 3, 64, generator=torch.Generator().manual_seed(4))
+    q = heads[:, :9]
+    context_lens = torch.tensor(lens)
+    attend = native.paged_decode_attention_op(lib)
+    assert not q.is_contiguous()
+    assert torch.equal(attend(q, k_cache, v_cache, tables, context_lens, 0.125),
+                       attend(q.contiguous(), k_cache, v_cache, tables, context_lens, 0.125))
+
+
 def test_a_context_longer_than_its_block_table_is_refused_by_name(lib):
     k_cache, v_cache, tables = _paged([20], 1, 16, torch.float32)
     q = torch.randn(1, 2, 16)

@@ -59,9 +59,12 @@ class ModelRunner:
         self.model.to(device)
         self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)
         if device.type == "cpu":
-            self._choose_prompt_attention(dtype, config)
-            self._choose_decode_attention(dtype)
-            self._choose_elementwise()
+            from baton.engine.native import build
+
+            lib = build.load()  # None where it could not be built: torch's ops throughout
+            self._choose_prompt_attention(lib, dtype, config)
+            self._choose_decode_attention(lib, dtype)
+            self._choose_elementwise(lib)
         self.model.prepare()
         self.num_blocks = num_blocks or self._num_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
@@ -72,15 +75,13 @@ class ModelRunner:
         # ranks may take either path in one step
         self.native = NativeDecoder.build(self.model, self.kv_caches, device, dtype, comm)
 
-    def _choose_prompt_attention(self, dtype: torch.dtype, config: EngineConfig) -> None:
+    def _choose_prompt_attention(self, lib, dtype: torch.dtype, config: EngineConfig) -> None:
         """On CPU: native prompt attention (native/prompt_attention.py) where it is the faster,
         else torch's in the CPU's fast dtype; logged."""
-        from baton.engine.native import build
         from baton.engine.native import prompt_attention as native_attention
 
         attention, why = prompt_dtype(this_cpu(), dtype, config.dtype)
         cfg = self.model_config
-        lib = build.load()
         unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
         native, reason = native_attention.choose(this_cpu(), attention, unsupported,
                                                  os.environ.get("BATON_NATIVE_PROMPT_ATTENTION", ""))
@@ -96,31 +97,28 @@ class ModelRunner:
             log.info("prompt attention in %s, activations in %s: %s (native kernel unused: %s)",
                      attention, dtype, why, reason)
 
-    def _choose_decode_attention(self, dtype: torch.dtype) -> None:
+    def _choose_decode_attention(self, lib, dtype: torch.dtype) -> None:
         """On CPU: the decode rows of steps with prompt tokens attend in the native step's
         loops (native/decode_attention.py) where the library serves these dtypes; logged.
         BATON_NATIVE_DECODE_ATTENTION=0 keeps torch's."""
-        from baton.engine.native import build
         from baton.engine.native import decode_attention as native_decode
 
-        why = native_decode.supported(build.load(), dtype, self.kv_dtype)
+        why = native_decode.supported(lib, dtype, self.kv_dtype)
         if os.environ.get("BATON_NATIVE_DECODE_ATTENTION", "") == "0":
             why = "BATON_NATIVE_DECODE_ATTENTION=0"
         if why is None:
-            self.ops.paged_decode_attention = native_decode.paged_decode_attention_op(build.load())
+            self.ops.paged_decode_attention = native_decode.paged_decode_attention_op(lib)
             log.info("decode attention beside prompt tokens: native (the decode step's loops)")
         else:
             log.info("decode attention beside prompt tokens: torch's (%s)", why)
 
-    def _choose_elementwise(self) -> None:
+    def _choose_elementwise(self, lib) -> None:
         """On CPU: RoPE and SwiGLU on float32 rows in native code (native/rope.py: the same
         bits as torch's four tensor ops; native/swiglu.py: one pass, not two);
         BATON_NATIVE_ROPE=0 and BATON_NATIVE_SWIGLU=0 keep torch's."""
-        from baton.engine.native import build
         from baton.engine.native.rope import rotary_embedding_op
         from baton.engine.native.swiglu import silu_and_mul_op
 
-        lib = build.load()
         if lib is not None and os.environ.get("BATON_NATIVE_ROPE", "") != "0":
             self.ops.rotary_embedding = rotary_embedding_op(lib, self.ops.rotary_embedding)
         if lib is not None and os.environ.get("BATON_NATIVE_SWIGLU", "") != "0":

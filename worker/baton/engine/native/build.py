@@ -99,13 +99,13 @@ def open_library(path: Path) -> ctypes.CDLL:
                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                            ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     lib.baton_decode_attention.restype = ctypes.c_int
-    lib.baton_decode_attention.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
-                                           ctypes.c_void_p]
-    lib.baton_rope_f32.restype = None
+    lib.baton_decode_attention.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                           ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    lib.baton_rope_f32.restype = ctypes.c_int
     lib.baton_rope_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
-                                   ctypes.c_void_p, ctypes.c_void_p]
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.baton_silu_and_mul_f32.restype = None
     lib.baton_silu_and_mul_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     lib.baton_quant_bf16_scratch_bytes.restype = ctypes.c_int64

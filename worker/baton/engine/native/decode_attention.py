@@ -30,14 +30,18 @@ def paged_decode_attention_op(lib: ctypes.CDLL):
 
     def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
         rows, num_heads, head_dim = q.shape
-        queries = q.to(torch.float32).contiguous()
-        out = torch.empty(queries.shape, dtype=torch.float32)
+        queries = q
+        if q.dtype != torch.float32 or q.stride()[1:] != (head_dim, 1):  # rows may lie apart (a QKV view)
+            queries = q.to(torch.float32).contiguous()
+        out = torch.empty((rows, num_heads, head_dim), dtype=torch.float32)
+        # the dtypes the step's metadata holds them in: no copy there
         tables = block_tables.to(torch.int32).contiguous()
-        lens = context_lens.to(torch.int32).contiguous()
+        lens = context_lens.to(torch.int64).contiguous()
         status = lib.baton_decode_attention(
-            queries.data_ptr(), rows, k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
-            k_cache.shape[0], tables.data_ptr(), tables.shape[1], lens.data_ptr(), k_cache.shape[1], num_heads, k_cache.shape[2],
-            head_dim, scale, int(q.dtype == torch.bfloat16), out.data_ptr())
+            queries.data_ptr(), queries.stride(0), rows, k_cache.data_ptr(), v_cache.data_ptr(),
+            int(k_cache.dtype == torch.bfloat16), k_cache.shape[0], tables.data_ptr(), tables.shape[1],
+            lens.data_ptr(), k_cache.shape[1], num_heads, k_cache.shape[2], head_dim, scale,
+            int(q.dtype == torch.bfloat16), out.data_ptr())
         if status != 0:
             raise RuntimeError(f"native decode attention refused {rows} rows of {num_heads} heads "
                                f"(KV heads {k_cache.shape[2]}, head size {head_dim}, contexts {lens.tolist()}, "

@@ -288,61 +288,51 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
 #include "decode_step_body.h"
 
 /* The decode step's attention on its own, for the torch path's decode rows (a step that also
- * carries prompt tokens; native/decode_attention.py): row r's query q[r] ([num_heads, dim],
- * float32) over the first context_lens[r] tokens of its paged context (block table row r),
- * into out[r] in float32; `round_bf16` rounds each result to bf16, as bf16 activations hold
- * it. The same loops as a decode-only step's, so a decode row gets the same values whether
- * or not a prompt shares its step. kv_bf16: the cache holds bf16 values, else float32.
- * 0, or -1 for a shape the loops do not take. */
-int baton_decode_attention(const float *q, int rows, const void *k_cache, const void *v_cache, int kv_bf16,
-                           int num_blocks, const int32_t *tables, int table_width, const int32_t *context_lens,
-                           int block_size, int num_heads, int num_kv_heads, int head_dim, float scale,
-                           int round_bf16, float *out) {
+ * carries prompt tokens; native/decode_attention.py): row r's query (q + r * q_stride,
+ * [num_heads, dim], float32) over the first context_lens[r] tokens of its paged context
+ * (block table row r), into out[r] in float32; `round_bf16` rounds each result to bf16, as
+ * bf16 activations hold it. The decode step's own loops (attend_rows), so a decode row gets
+ * the same values whether or not a prompt shares its step. kv_bf16: the cache holds bf16
+ * values, else float32. 0, or -1 for a shape the loops do not take or a block table that
+ * reaches outside the cache's num_blocks (checked before anything is read). */
+int baton_decode_attention(const float *q, int64_t q_stride, int rows, const void *k_cache, const void *v_cache,
+                           int kv_bf16, int num_blocks, const int32_t *tables, int table_width,
+                           const int64_t *context_lens, int block_size, int num_heads, int num_kv_heads,
+                           int head_dim, float scale, int round_bf16, float *out) {
     if (rows < 0 || num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 || block_size <= 0 ||
         (round_bf16 && !kv_bf16))
         return -1;
-    const int group = num_heads / num_kv_heads;
-    const int parts = (group + ATTENTION_HEADS - 1) / ATTENTION_HEADS, items = num_kv_heads * parts;
-    int64_t work = 0;
     for (int r = 0; r < rows; r++) { /* every block a row reads lies in the cache */
         if (context_lens[r] < 1 || context_lens[r] > (int64_t)table_width * block_size) return -1;
-        for (int b = 0; b < (context_lens[r] + block_size - 1) / block_size; b++) {
+        for (int64_t b = 0; b < (context_lens[r] + block_size - 1) / block_size; b++) {
             const int32_t id = tables[(int64_t)r * table_width + b];
             if (id < 0 || id >= num_blocks) return -1;
         }
-        work += context_lens[r];
     }
-#pragma omp parallel for collapse(2) schedule(static) if (work * num_heads > 4096)
-    for (int r = 0; r < rows; r++) {
-        for (int item = 0; item < items; item++) {
-            const int kv_head = item / parts, first = kv_head * group + (item % parts) * ATTENTION_HEADS;
-            const int heads = (kv_head + 1) * group - first < ATTENTION_HEADS ? (kv_head + 1) * group - first
-                                                                             : ATTENTION_HEADS;
-            const float *qr = q + ((int64_t)r * num_heads + first) * head_dim;
-            const int32_t *table = tables + (int64_t)r * table_width;
-            float *o = out + ((int64_t)r * num_heads + first) * head_dim;
-            if (round_bf16)
-                attend_group_bf16(qr, heads, (const uint16_t *)k_cache, (const uint16_t *)v_cache, table, block_size,
-                                  context_lens[r], kv_head, num_kv_heads, head_dim, scale, o);
-            else if (kv_bf16)
-                attend_group_f32_kvbf16(qr, heads, (const uint16_t *)k_cache, (const uint16_t *)v_cache, table,
-                                        block_size, context_lens[r], kv_head, num_kv_heads, head_dim, scale, o);
-            else
-                attend_group_f32(qr, heads, (const float *)k_cache, (const float *)v_cache, table, block_size,
-                                 context_lens[r], kv_head, num_kv_heads, head_dim, scale, o);
-        }
-    }
+    if (round_bf16)
+        attend_rows_bf16(q, q_stride, rows, (const uint16_t *)k_cache, (const uint16_t *)v_cache, context_lens, 0,
+                         tables, table_width, block_size, num_heads, num_kv_heads, head_dim, scale, out);
+    else if (kv_bf16)
+        attend_rows_f32_kvbf16(q, q_stride, rows, (const uint16_t *)k_cache, (const uint16_t *)v_cache, context_lens,
+                               0, tables, table_width, block_size, num_heads, num_kv_heads, head_dim, scale, out);
+    else
+        attend_rows_f32(q, q_stride, rows, (const float *)k_cache, (const float *)v_cache, context_lens, 0, tables,
+                        table_width, block_size, num_heads, num_kv_heads, head_dim, scale, out);
     return 0;
 }
 
 /* Rotate-half RoPE in place for the torch path's steps (native/rope.py): the first `heads`
  * heads of each row, rows `row_stride` floats apart, row r at positions[r]; float32 with
  * the same products and sums as ref.rotary_embedding's, so the same bits, without the
- * tensor ops' temporaries (a 256-token prompt's RoPE took torch ~0.3 ms a layer). */
-void baton_rope_f32(float *x, int64_t rows, int64_t row_stride, int heads, int head_dim, const float *cos_sin,
-                    const int64_t *positions) {
+ * tensor ops' temporaries (a 256-token prompt's RoPE took torch ~0.25 ms a layer). 0, or -1
+ * (nothing rotated) where a position is outside the cos/sin table's max_positions rows. */
+int baton_rope_f32(float *x, int64_t rows, int64_t row_stride, int heads, int head_dim, const float *cos_sin,
+                   int64_t max_positions, const int64_t *positions) {
+    for (int64_t r = 0; r < rows; r++)
+        if (positions[r] < 0 || positions[r] >= max_positions) return -1;
 #pragma omp parallel for schedule(static) if (rows * heads * head_dim > 65536)
     for (int64_t r = 0; r < rows; r++) rope_heads_f32(x + r * row_stride, heads, head_dim, cos_sin, positions[r]);
+    return 0;
 }
 
 /* silu(gate) * up on float32 rows for the torch path's steps

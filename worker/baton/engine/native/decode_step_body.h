@@ -168,29 +168,40 @@ static void FN(attend_group)(const float *q, int heads, const KV_ELEM *k_cache, 
     }
 }
 
-/* Each row's context is its tokens up to and including the new one (position + 1). Work
- * items are (row, KV head, up to ATTENTION_HEADS of its query heads); threads share them
- * once the step has enough tokens to pay for waking them. */
-static void FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
-                          int qkv_width, const int64_t *positions, const int32_t *tables,
-                          int table_width, float *attn) {
-    const int group = m->num_heads / m->num_kv_heads, d = m->head_dim;
-    const int parts = (group + ATTENTION_HEADS - 1) / ATTENTION_HEADS, items = m->num_kv_heads * parts;
+/* Attention of `rows` query rows (q_stride floats apart, num_heads heads each) over their
+ * paged contexts, row r's context being its first ends[r] + end_offset tokens; out [rows,
+ * num_heads, head_dim]. Work items are (row, KV head, up to ATTENTION_HEADS of its query
+ * heads); threads share them once the step has enough tokens to pay for waking them. The
+ * step's own attention and baton_decode_attention (the torch path's decode rows) both run it. */
+static void FN(attend_rows)(const float *q, int64_t q_stride, int rows, const KV_ELEM *k_cache,
+                            const KV_ELEM *v_cache, const int64_t *ends, int end_offset,
+                            const int32_t *tables, int table_width, int block_size, int num_heads,
+                            int num_kv_heads, int head_dim, float scale, float *out) {
+    const int group = num_heads / num_kv_heads;
+    const int parts = (group + ATTENTION_HEADS - 1) / ATTENTION_HEADS, items = num_kv_heads * parts;
     int64_t work = 0;
-    for (int r = 0; r < rows; r++) work += positions[r] + 1;
-#pragma omp parallel for collapse(2) schedule(static) if (work * m->num_heads > 4096)
+    for (int r = 0; r < rows; r++) work += ends[r] + end_offset;
+#pragma omp parallel for collapse(2) schedule(static) if (work * num_heads > 4096)
     for (int r = 0; r < rows; r++) {
         for (int item = 0; item < items; item++) {
             const int kv_head = item / parts, first = kv_head * group + (item % parts) * ATTENTION_HEADS;
             const int heads = (kv_head + 1) * group - first < ATTENTION_HEADS
                                   ? (kv_head + 1) * group - first : ATTENTION_HEADS;
-            FN(attend_group)(qkv + (int64_t)r * qkv_width + first * d, heads,
-                             (const KV_ELEM *)layer->k_cache, (const KV_ELEM *)layer->v_cache,
-                             tables + (int64_t)r * table_width, m->block_size,
-                             (int)positions[r] + 1, kv_head, m->num_kv_heads, d, m->scale,
-                             attn + ((int64_t)r * m->num_heads + first) * d);
+            FN(attend_group)(q + (int64_t)r * q_stride + first * head_dim, heads, k_cache, v_cache,
+                             tables + (int64_t)r * table_width, block_size, (int)(ends[r] + end_offset),
+                             kv_head, num_kv_heads, head_dim, scale,
+                             out + ((int64_t)r * num_heads + first) * head_dim);
         }
     }
+}
+
+/* Each row's context is its tokens up to and including the new one (position + 1). */
+static void FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
+                          int qkv_width, const int64_t *positions, const int32_t *tables,
+                          int table_width, float *attn) {
+    FN(attend_rows)(qkv, qkv_width, rows, (const KV_ELEM *)layer->k_cache, (const KV_ELEM *)layer->v_cache,
+                    positions, 1, tables, table_width, m->block_size, m->num_heads, m->num_kv_heads,
+                    m->head_dim, m->scale, attn);
 }
 
 /* silu(gate) * up, silu(x) = x / (1 + exp(-x)) as torch computes it, each result rounded. */

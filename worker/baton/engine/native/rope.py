@@ -24,11 +24,10 @@ def rotary_embedding_op(lib: ctypes.CDLL, fallback):
         where = positions.to(torch.int64).contiguous()
         if where.numel() != rows:
             raise ValueError(f"RoPE: {where.numel()} positions for {rows} rows")
-        if int(where.min()) < 0 or int(where.max()) >= cos_sin_cache.shape[0]:
+        if lib.baton_rope_f32(q.data_ptr(), rows, q.stride(0), q.shape[1] + k.shape[1], q.shape[2],
+                              cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], where.data_ptr()) != 0:
             raise IndexError(f"RoPE: positions {int(where.min())}..{int(where.max())} outside the "
                              f"{cos_sin_cache.shape[0]} the cos/sin table holds")
-        lib.baton_rope_f32(q.data_ptr(), rows, q.stride(0), q.shape[1] + k.shape[1], q.shape[2],
-                           cos_sin_cache.data_ptr(), where.data_ptr())
         return q, k
 
     return rotary_embedding
