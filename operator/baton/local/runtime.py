@@ -68,10 +68,6 @@ def free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in bound]
 
 
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
 def announce(message: str) -> None:
     print(f"baton up: {message}", flush=True)
 
@@ -110,7 +106,6 @@ class LocalStack:
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="baton-up-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._started_ray = False
-        self._router_port: int | None = None  # chosen with the workers' (`_start_workers`)
 
     @property
     def url(self) -> str:
@@ -130,8 +125,11 @@ class LocalStack:
             self._started_ray = True
         remote = ray.remote(num_cpus=0)(ServerProcess)
         try:
-            self._start_workers(remote, plans)
-            self._start_router(remote)  # starts while the workers load: it is ready once they are
+            # every server's ports chosen together, so that no two are handed one port
+            ports = free_ports(2 * len(plans) + 1)
+            self._start_workers(remote, plans, list(zip(ports[0:-1:2], ports[1:-1:2])))
+            # the router starts while the workers load: it is ready once they are
+            self._start_router(remote, self.spec.port or ports[-1])
             for server in [*self.workers, self.router]:
                 self._wait_ready(server, "/ready")
         except BaseException:
@@ -151,13 +149,10 @@ class LocalStack:
         """Restarts so far, by server."""
         return self.supervisor.restarts if self.supervisor else {}
 
-    def _start_workers(self, remote, plans: list[WorkerPlan]) -> None:
+    def _start_workers(self, remote, plans: list[WorkerPlan], ports: list[tuple[int, int]]) -> None:
+        """`ports`: each worker's (HTTP, KV) ports."""
         local = not self.spec.address
         host = "127.0.0.1" if local else "0.0.0.0"
-        # the router's too, so that no two servers of the stack are handed one port
-        flat = free_ports(2 * len(plans) + 1)
-        ports = list(zip(flat[0:-1:2], flat[1:-1:2]))
-        self._router_port = flat[-1]
         advertise = "127.0.0.1"  # on a joined cluster each actor reports its node below
         env = {"BATON_INTERNAL_TOKEN": self.token}
         actors = []
@@ -179,10 +174,9 @@ class LocalStack:
             ray.get(actor.start.remote())
             self.workers.append(RunningServer(f"worker-{plan.index}", plan.role, url, actor))
 
-    def _start_router(self, remote) -> None:
+    def _start_router(self, remote, port: int) -> None:
         import ray
 
-        port = self.spec.port or self._router_port or free_port()
         args = ["--host", "127.0.0.1" if not self.spec.address else "0.0.0.0", "--port", str(port),
                 "--workers", ",".join(w.url for w in self.workers)]
         if self.spec.model:
