@@ -14,6 +14,7 @@ from baton.engine.config import EngineConfig, ModelConfig
 from baton.engine.cpu_features import this_cpu
 from baton.engine.kernels import compute_prompt_attention_in, get_ops
 from baton.engine.models.llama import LlamaModel
+from baton.engine.native import prompt_steps
 from baton.engine.native.decoder import NativeDecoder
 from baton.engine.parallel.shards import RankShard, local_config, within
 from baton.engine.parallel.weight_shards import shard_tensors
@@ -51,6 +52,9 @@ class ModelRunner:
         self.kv_dtype = kv_dtype or dtype
         self.block_size = config.block_size
         self.ops = get_ops(device)
+        # the native step's prompt chunks: on bf16 products, and whether torch's attention
+        # (the torch path's) is the faster here (see native/prompt_steps.py)
+        self._prompt_bf16, self._torch_attention_faster = False, False
         max_len = config.max_model_len or model_config.max_position_embeddings
         self.model = LlamaModel(self.model_config, self.ops, dtype, max_positions=max_len)
         if shard is not None:
@@ -73,7 +77,8 @@ class ModelRunner:
             self.model.set_comm(comm)
         # under tensor parallelism its sums over the ranks come in the torch path's order, so
         # ranks may take either path in one step
-        self.native = NativeDecoder.build(self.model, self.kv_caches, device, dtype, comm)
+        self.native = NativeDecoder.build(self.model, self.kv_caches, device, dtype, comm, self._prompt_bf16,
+                                          self._torch_attention_faster)
 
     def _choose_prompt_attention(self, lib, dtype: torch.dtype, config: EngineConfig) -> None:
         """On CPU: native prompt attention (native/prompt_attention.py) where it is the faster,
@@ -88,10 +93,12 @@ class ModelRunner:
         if native:
             # bf16 products where torch's attention would run in bf16 (as precise as that)
             bf16 = attention == torch.bfloat16 and native_attention.takes_bf16(lib)
+            self._prompt_bf16 = bf16  # and so in the native step's prompt chunks
             self.ops.paged_prefill_attention = native_attention.paged_prefill_attention_op(lib, bf16)
             self.ops.prompt_attention_dtype = torch.bfloat16 if bf16 else torch.float32
             log.info("prompt attention native, %s products: %s", "bf16" if bf16 else "float32", reason)
             return
+        self._torch_attention_faster = unsupported is None
         if attention != dtype:
             compute_prompt_attention_in(self.ops, attention)
             log.info("prompt attention in %s, activations in %s: %s (native kernel unused: %s)",
@@ -160,7 +167,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.kv_caches = self._allocate_kv_cache(num_blocks)
         if self.native is not None:  # its cache pointers are the old pool's
-            self.native = NativeDecoder.build(self.model, self.kv_caches, self.device, self.dtype, self.comm)
+            self.native = NativeDecoder.build(self.model, self.kv_caches, self.device, self.dtype, self.comm,
+                                              self._prompt_bf16, self._torch_attention_faster)
 
     # -- one step ----------------------------------------------------------------------
     def run(self, batch: ScheduledBatch, layer_hook=None) -> tuple[list[Sequence], torch.Tensor]:
@@ -173,9 +181,13 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs, layer_hook=None) -> torch.Tensor | None:
         """Logits [sampled rows, vocab] of one step (None on a tensor-parallel rank > 0)."""
-        if self.native is not None and inputs.decode_only and layer_hook is None:
-            # a decode-only step in one native call (see baton.engine.native)
-            return self.native.step(inputs.token_ids, inputs.positions, inputs.decode_tables)
+        if self.native is not None and layer_hook is None:
+            # the whole step in one native call (see baton.engine.native)
+            if inputs.decode_only:
+                return self.native.step(inputs.token_ids, inputs.positions, inputs.decode_tables)
+            if prompt_steps.runs(self.native.prompts, len(inputs.token_ids), inputs.prompt_attention_work()):
+                return self.native.step(inputs.token_ids, inputs.positions, inputs.row_tables(),
+                                        inputs.prefill_cu_seqlens, inputs.logits_rows)
         dev = self.device
         return self.model(
             torch.from_numpy(inputs.token_ids).to(dev),

@@ -87,6 +87,23 @@ class StepInputs:
         )
         return inputs, sampling
 
+    def prompt_attention_work(self) -> int:
+        """The prompt chunks' rows x context, summed: what their attention costs."""
+        rows = np.diff(np.asarray(self.prefill_cu_seqlens))
+        return int(np.dot(rows, np.asarray(self.prefill_context_lens, dtype=np.int64))) if len(rows) else 0
+
+    def row_tables(self) -> np.ndarray:
+        """Every row's block table, int32 [N, widest]: a prompt chunk's rows each carry
+        their sequence's (the native step's layout)."""
+        if self.prefill_tables is None:
+            return self.decode_tables
+        repeats = np.diff(np.asarray(self.prefill_cu_seqlens))
+        parts = [np.repeat(self.prefill_tables, repeats, axis=0)]
+        if self.decode_tables is not None:
+            parts.append(self.decode_tables)
+        width = max(part.shape[1] for part in parts)
+        return np.concatenate([np.pad(part, ((0, 0), (0, width - part.shape[1]))) for part in parts])
+
     def metadata(self, device: torch.device) -> AttentionMetadata:
         tensor = lambda a: None if a is None else torch.from_numpy(a).to(device)  # noqa: E731
         return AttentionMetadata(

@@ -1,4 +1,5 @@
-/* One decode step of a Llama-family model on CPU, in one call, in fp32 or bf16.
+/* One step of a Llama-family model on CPU, in one call, in fp32 or bf16: its decodes, and the
+ * prompt chunks beside them (native/prompt_steps.py).
  *
  * Why native: at batch 1 the step is ~450 small tensor ops between ~120 weight-streaming
  * matrix products, and each product evicts the op dispatcher from the core's caches, so a
@@ -84,8 +85,22 @@ typedef struct {
 typedef struct { /* scratch, each [rows, width] */
     float *residual, *normed, *qkv, *attn, *gate_up, *act, *out;
     uint16_t *matmul_input; /* bf16 only: a product's input rows */
-    void *quant_input;      /* quantized weights only: baton_quant_input_bytes(rows, widest) */
+    /* quantized weights only: baton_quant_input_bytes(rows, widest), and
+     * baton_quant_bf16_scratch_bytes(rows, widest) where quant_engine is set */
+    void *quant_input;
+    /* this step's products on quantized weights of quant_min_rows rows or more: on
+     * quant_bf16.h's engine (bf16 products, dequantized inside them), or with -1 on the
+     * int16 kernels, as are products of fewer rows (which read each weight byte once) */
+    int quant_engine, quant_min_rows;
 } Workspace;
+
+typedef struct { /* a step's prompt chunks: its first rows, chunk c being rows starts[c] ..
+                  * starts[c + 1] - 1, consecutive positions of one sequence (one block
+                  * table); every later row is a decode */
+    int chunks;
+    const int64_t *starts; /* chunks + 1 entries, starts[0] = 0 */
+    int bf16_products;     /* the chunks' attention on bf16 products (prompt_attention.h) */
+} Prompts;
 
 static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t position) {
     return (int64_t)table[position / block_size] * block_size + position % block_size;
@@ -125,10 +140,33 @@ static void exp_in_place(float *x, int n) {
 
 #include "prompt_attention.h"
 
+/* out = silu(gate) * up over one row of float32, silu(x) = x / (1 + e^-x) as torch computes
+ * it; e^-x by prompt_exp (about one ulp from the exact value, as torch's vectorized exp is)
+ * where the CPU has AVX-512. */
+static void silu_and_mul_row_f32(const float *gate, const float *up, int width, float *out) {
+    int i = 0;
+#if defined(__AVX512F__)
+    /* past e^88 prompt_exp's exponent overflows; there e^-x is infinite, as torch's is from
+     * 88.7, so silu is -0 (and NaN at -inf) as torch gives it */
+    const __m512 one = _mm512_set1_ps(1.0f), top = _mm512_set1_ps(88.0f), infinite = _mm512_set1_ps(INFINITY);
+    for (; i + 16 <= width; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + i), minus = _mm512_sub_ps(_mm512_setzero_ps(), g);
+        const __mmask16 over = _mm512_cmp_ps_mask(minus, top, _CMP_GT_OQ);
+        const __m512 e = _mm512_mask_mov_ps(prompt_exp(_mm512_min_ps(minus, top)), over, infinite);
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < width; i++) out[i] = (gate[i] / (1.0f + expf(-gate[i]))) * up[i];
+}
+
 /* A product on quantized weights: out = x @ W^T (+ bias, of the model's dtype). */
 static void linear_quant(const QuantMatrix *w, const float *x, int rows, int n, const void *bias,
-                         int bias_bf16, float *out, void *scratch) {
-    baton_quant_product(w, x, rows, out, scratch);
+                         int bias_bf16, float *out, const Workspace *ws) {
+    /* the engine was checked when chosen; a failure (out of memory for its panels) falls
+     * back to the int16 kernels */
+    if (ws->quant_engine < 0 || rows < ws->quant_min_rows ||
+        baton_quant_product_bf16(w, x, rows, out, ws->quant_input, ws->quant_engine))
+        baton_quant_product(w, x, rows, out, ws->quant_input);
     if (!bias) return;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < n; j++)
@@ -142,7 +180,7 @@ static void linear_f32(const Model *m, const Workspace *ws, const float *x, int 
                        int n, const void *bias, float *out) {
     (void)m, (void)unused_packed;
     if (quant) {
-        linear_quant(quant, x, rows, n, bias, 0, out, ws->quant_input);
+        linear_quant(quant, x, rows, n, bias, 0, out, ws);
         return;
     }
     const float one = 1.0f;
@@ -207,7 +245,7 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
                         const void *bias, float *out) {
     const int64_t in_count = (int64_t)rows * k, out_count = (int64_t)rows * n;
     if (quant) {
-        linear_quant(quant, x, rows, n, bias, 1, out, ws->quant_input);
+        linear_quant(quant, x, rows, n, bias, 1, out, ws);
         for (int64_t i = 0; i < out_count; i++) out[i] = bf16_round(out[i]);
         return;
     }
@@ -257,12 +295,15 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
 #define KV_LOAD(x) (x)
 #define KV_LOAD16(p) LOAD16_F32(p)
 #define KV_STORE(x) (x)
+#define KV_BF16 0
+#define ROUNDS 0
 #define FN(name) name##_f32
 #include "decode_step_body.h"
 #undef KV_ELEM
 #undef KV_LOAD
 #undef KV_LOAD16
 #undef KV_STORE
+#undef KV_BF16
 #undef FN
 
 /* float32 activations over a bf16 KV cache: half the cache's bytes to hold, read and send;
@@ -271,11 +312,13 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
 #define KV_LOAD(x) bf16_to_f32(x)
 #define KV_LOAD16(p) LOAD16_BF16(p)
 #define KV_STORE(x) f32_to_bf16(x)
+#define KV_BF16 1
 #define FN(name) name##_f32_kvbf16
 #include "decode_step_body.h"
 #undef ELEM
 #undef LOAD
 #undef ROUND
+#undef ROUNDS
 #undef LINEAR
 #undef FN
 
@@ -283,6 +326,7 @@ static void linear_bf16(const Model *m, const Workspace *ws, const float *x, int
 #define ELEM uint16_t
 #define LOAD(x) bf16_to_f32(x)
 #define ROUND(x) bf16_round(x)
+#define ROUNDS 1
 #define LINEAR linear_bf16
 #define FN(name) name##_bf16
 #include "decode_step_body.h"
@@ -335,28 +379,11 @@ int baton_rope_f32(float *x, int64_t rows, int64_t row_stride, int heads, int he
     return 0;
 }
 
-/* silu(gate) * up on float32 rows for the torch path's steps
- * (native/swiglu.py): gate_up [rows, 2 * width], the fused gate/up projection's output; out
- * [rows, width]. silu(x) = x / (1 + e^-x) as torch computes it; e^-x by prompt_exp (about one
- * ulp from the exact value, as torch's vectorized exp is) where the CPU has AVX-512. */
+/* silu(gate) * up on float32 rows for the torch path's steps (native/swiglu.py): gate_up
+ * [rows, 2 * width], the fused gate/up projection's output; out [rows, width]; the native
+ * step's own rows (silu_and_mul_row_f32). */
 void baton_silu_and_mul_f32(const float *gate_up, int64_t rows, int width, float *out) {
 #pragma omp parallel for schedule(static) if (rows * width > 262144)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * width, *up = gate + width;
-        float *o = out + r * width;
-        int i = 0;
-#if defined(__AVX512F__)
-        /* past e^88 prompt_exp's exponent overflows; there e^-x is infinite, as torch's is
-         * from 88.7, so silu is -0 (and NaN at -inf) as torch gives it */
-        const __m512 one = _mm512_set1_ps(1.0f), top = _mm512_set1_ps(88.0f);
-        const __m512 infinite = _mm512_set1_ps(INFINITY);
-        for (; i + 16 <= width; i += 16) {
-            const __m512 g = _mm512_loadu_ps(gate + i), minus = _mm512_sub_ps(_mm512_setzero_ps(), g);
-            const __mmask16 over = _mm512_cmp_ps_mask(minus, top, _CMP_GT_OQ);
-            const __m512 e = _mm512_mask_mov_ps(prompt_exp(_mm512_min_ps(minus, top)), over, infinite);
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
-        }
-#endif
-        for (; i < width; i++) o[i] = (gate[i] / (1.0f + expf(-gate[i]))) * up[i];
-    }
+    for (int64_t r = 0; r < rows; r++)
+        silu_and_mul_row_f32(gate_up + r * 2 * width, gate_up + r * 2 * width + width, width, out + r * width);
 }

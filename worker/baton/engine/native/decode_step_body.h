@@ -6,10 +6,16 @@
 
 /* HF Llama RMSNorm: x * (1 / sqrt(mean(x^2) + eps)) in fp32, rounded, then * weight. */
 static void FN(rms_norm_row)(const float *x, const ELEM *weight, int n, float eps, float *out) {
-    double sum = 0.0; /* exact-ish mean; torch's cascade sum is within an ulp of it */
-    for (int i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    /* exact-ish mean (each square exact in double; torch's cascade sum is within an ulp of
+     * it), in 8 running sums: one sum is a chain of dependent adds, ~1 us a row */
+    double sums[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) sums[j] += (double)x[i + j] * x[i + j];
+    for (; i < n; i++) sums[0] += (double)x[i] * x[i];
+    const double sum = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
     const float inv = 1.0f / sqrtf((float)(sum / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = ROUND(ROUND(x[i] * inv) * LOAD(weight[i]));
+    for (i = 0; i < n; i++) out[i] = ROUND(ROUND(x[i] * inv) * LOAD(weight[i]));
 }
 
 /* Rotate-half RoPE on `heads` heads of one token in place; cos and sin in the dtype. */
@@ -195,20 +201,41 @@ static void FN(attend_rows)(const float *q, int64_t q_stride, int rows, const KV
     }
 }
 
-/* Each row's context is its tokens up to and including the new one (position + 1). */
-static void FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
-                          int qkv_width, const int64_t *positions, const int32_t *tables,
-                          int table_width, float *attn) {
-    FN(attend_rows)(qkv, qkv_width, rows, (const KV_ELEM *)layer->k_cache, (const KV_ELEM *)layer->v_cache,
-                    positions, 1, tables, table_width, m->block_size, m->num_heads, m->num_kv_heads,
-                    m->head_dim, m->scale, attn);
+/* Each row's context is its tokens up to and including its own (position + 1): a decode
+ * row's in attend_rows, a prompt chunk's rows together in prompt attention (a row sees the
+ * keys up to its own position; every row's K/V is in the cache by now). 0, or
+ * prompt_attention_run's status. */
+static int FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
+                         int qkv_width, const int64_t *positions, const int32_t *tables,
+                         int table_width, const Prompts *prompts, float *attn) {
+    const int first = (int)prompts->starts[prompts->chunks]; /* the first decode row */
+    const int64_t attn_width = (int64_t)m->num_heads * m->head_dim;
+    FN(attend_rows)(qkv + (int64_t)first * qkv_width, qkv_width, rows - first, (const KV_ELEM *)layer->k_cache,
+                    (const KV_ELEM *)layer->v_cache, positions + first, 1, tables + (int64_t)first * table_width,
+                    table_width, m->block_size, m->num_heads, m->num_kv_heads, m->head_dim, m->scale,
+                    attn + first * attn_width);
+    for (int c = 0; c < prompts->chunks; c++) {
+        const int64_t r0 = prompts->starts[c], n = prompts->starts[c + 1] - r0;
+        const int status = prompt_attention_paged(
+            qkv + r0 * qkv_width, qkv_width, layer->k_cache, layer->v_cache, KV_BF16, tables + r0 * table_width,
+            m->block_size, (int)n, (int)(positions[r0 + n - 1] + 1), m->num_heads, m->num_kv_heads, m->head_dim,
+            m->scale, attn + r0 * attn_width, prompts->bf16_products);
+        if (status) return status;
+    }
+    for (int64_t i = 0; ROUNDS && i < first * attn_width; i++) attn[i] = ROUND(attn[i]);
+    return 0;
 }
 
 /* silu(gate) * up, silu(x) = x / (1 + exp(-x)) as torch computes it, each result rounded. */
 static void FN(silu_and_mul)(const float *gate_up, int rows, int width, float *act) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * width > 262144)
     for (int r = 0; r < rows; r++) {
         const float *gate = gate_up + (int64_t)r * 2 * width, *up = gate + width;
         float *out = act + (int64_t)r * width;
+        if (!ROUNDS) { /* float32: nothing to round, the vectorized row */
+            silu_and_mul_row_f32(gate, up, width, out);
+            continue;
+        }
         for (int i = 0; i < width; i++)
             out[i] = ROUND(ROUND(gate[i] / (1.0f + expf(-gate[i]))) * up[i]);
     }
@@ -219,6 +246,7 @@ static void FN(add_rows)(float *residual, const float *x, int64_t count) {
 }
 
 static void FN(norm_rows)(const Model *m, const void *weight, int rows, const Workspace *ws) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * m->hidden > 65536)
     for (int r = 0; r < rows; r++)
         FN(rms_norm_row)(ws->residual + (int64_t)r * m->hidden, (const ELEM *)weight, m->hidden,
                          m->eps, ws->normed + (int64_t)r * m->hidden);
@@ -233,10 +261,10 @@ static void FN(sum_over_ranks)(const Model *m, float *x, int64_t count) {
 }
 
 /* Attention half of a layer: norm, QKV, RoPE, cache write, attention, output projection
- * (into ws->out). */
-static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
-                                const int64_t *positions, const int32_t *tables, int table_width,
-                                const Workspace *ws) {
+ * (into ws->out). 0, or FN(attention)'s status. */
+static int FN(attention_block)(const Model *m, const Layer *layer, int rows,
+                               const int64_t *positions, const int32_t *tables, int table_width,
+                               const Prompts *prompts, const Workspace *ws) {
     const int h = m->hidden, d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
     const int qkv_width = (hq + 2 * hkv) * d, kv_width = hkv * d;
     KV_ELEM *k_cache = (KV_ELEM *)layer->k_cache, *v_cache = (KV_ELEM *)layer->v_cache;
@@ -252,10 +280,13 @@ static void FN(attention_block)(const Model *m, const Layer *layer, int rows,
             v_cache[slot * kv_width + i] = KV_STORE(row[(hq + hkv) * d + i]);
         }
     }
-    FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
+    const int status = FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, prompts,
+                                     ws->attn);
+    if (status) return status;
     LINEAR(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
            NULL, ws->out);
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
+    return 0;
 }
 
 static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Workspace *ws) {
@@ -268,12 +299,15 @@ static void FN(mlp_block)(const Model *m, const Layer *layer, int rows, const Wo
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
 }
 
-/* One new token for each of `rows` sequences, at `positions` (their caches hold every
- * earlier token): writes their K/V into the caches and their fp32 logits into
- * logits[rows, vocab]. */
-void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
-                           const int64_t *positions, const int32_t *tables, int table_width,
-                           const Workspace *ws, float *logits) {
+/* One step of `rows` rows: its prompt chunks' rows first (see Prompts), then one new token
+ * for each decoding sequence, at `positions` (the caches hold every earlier token of each
+ * sequence). Writes every row's K/V into the caches and the fp32 logits of rows
+ * logit_rows[0..logit_count) (increasing) into logits[logit_count, vocab]. Returns 0; -1
+ * for a prompt chunk prompt attention does not take; -2 out of memory (prompt attention's
+ * copy of a context). */
+int FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids, const int64_t *positions,
+                          const int32_t *tables, int table_width, const Prompts *prompts,
+                          const int64_t *logit_rows, int logit_count, const Workspace *ws, float *logits) {
     const int h = m->hidden;
     const int64_t width = (int64_t)rows * h;
     const ELEM *embed = (const ELEM *)m->embed;
@@ -294,12 +328,17 @@ void FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids,
     for (int l = 0; l < m->num_layers; l++) {
         const Layer *layer = &m->layers[l];
         if (l > 0) FN(add_rows)(ws->residual, ws->out, width);
-        FN(attention_block)(m, layer, rows, positions, tables, table_width, ws);
+        const int status = FN(attention_block)(m, layer, rows, positions, tables, table_width, prompts, ws);
+        if (status) return status;
         FN(add_rows)(ws->residual, ws->out, width);
         FN(mlp_block)(m, layer, rows, ws);
     }
     FN(add_rows)(ws->residual, ws->out, width);
-    FN(norm_rows)(m, m->final_norm, rows, ws);
-    LINEAR(m, ws, ws->normed, rows, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
+    for (int i = 0; i < logit_count; i++) /* the sampled rows to the front (each moves down or stays) */
+        if (logit_rows[i] != i)
+            memmove(ws->residual + (int64_t)i * h, ws->residual + logit_rows[i] * h, sizeof(float) * h);
+    FN(norm_rows)(m, m->final_norm, logit_count, ws);
+    LINEAR(m, ws, ws->normed, logit_count, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
            logits);
+    return 0;
 }

@@ -1,9 +1,10 @@
-"""Run a decode-only step of a Llama model on CPU (fp32 or bf16) through the native library.
+"""Run a step of a Llama model on CPU (fp32 or bf16) through the native library.
 
 `NativeDecoder.build(model, kv_caches)` binds the model's weights and caches once (the
 pointers stay valid: weights never move and a reshard rebinds); `step()` then runs every
-layer of a step in one call. The torch path stays the reference and handles every other
-step (prefill chunks, layer hooks, other dtypes and devices).
+layer of a step in one call: its decodes, and the prompt chunks beside them where
+`prompts` (native/prompt_steps.py) allows. The torch path stays the reference and handles
+every other step (layer hooks, other dtypes and devices).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import os
 import numpy as np
 import torch
 
-from baton.engine.native import build
+from baton.engine.native import build, prompt_attention, prompt_steps
 from baton.engine.native.packing import packed_weights, use_dot_products
+from baton.engine.native.quant import BF16_ENGINE_IDS
 from baton.engine.quant.weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,12 @@ _WORKSPACE = ("residual", "normed", "qkv", "attn", "gate_up", "act", "out")
 
 
 class _Workspace(ctypes.Structure):
-    _fields_ = [*[(name, _f32p) for name in _WORKSPACE], ("matmul_input", _voidp), ("quant_input", _voidp)]
+    _fields_ = [*[(name, _f32p) for name in _WORKSPACE], ("matmul_input", _voidp), ("quant_input", _voidp),
+                ("quant_engine", ctypes.c_int), ("quant_min_rows", ctypes.c_int)]
+
+
+class _Prompts(ctypes.Structure):
+    _fields_ = [("chunks", ctypes.c_int), ("starts", _voidp), ("bf16_products", ctypes.c_int)]
 
 
 def _ptr(t: torch.Tensor | None):
@@ -87,10 +94,23 @@ def unavailable_reason(model, device: torch.device, dtype: torch.dtype,
     return None
 
 
+def _prompt_plan(lib: ctypes.CDLL, model, kv_dtype: torch.dtype, quantized: list[QuantizedWeight],
+                 bf16_products: bool, torch_attention_faster: bool) -> prompt_steps.PromptSteps:
+    cfg = model.cfg
+    return prompt_steps.plan(
+        bool(lib.baton_step_takes_prompts()),
+        prompt_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv_dtype),
+        quantized[0].dense if quantized else None, BF16_ENGINE_IDS, bf16_products, torch_attention_faster,
+        os.environ.get("BATON_NATIVE_PROMPT_STEPS", "").strip())
+
+
 class NativeDecoder:
-    def __init__(self, lib: ctypes.CDLL, model, kv_caches, dtype: torch.dtype, comm=None):
+    def __init__(self, lib: ctypes.CDLL, model, kv_caches, dtype: torch.dtype, comm=None,
+                 prompt_bf16: bool = False, torch_attention_faster: bool = False):
         """`comm`: run one tensor-parallel rank's slice (model holds that slice); the step
-        calls back into it for every sum over the ranks and gathers the logits after."""
+        calls back into it for every sum over the ranks and gathers the logits after.
+        `prompt_bf16`: prompt chunks attend on bf16 products (where the library has them);
+        `torch_attention_faster`: torch's prompt attention was chosen as the faster here."""
         cfg = model.cfg
         kv_dtype = kv_caches[0][0].dtype
         self._step = getattr(lib, build.ENTRY_POINTS[dtype, kv_dtype])
@@ -103,7 +123,10 @@ class NativeDecoder:
         # everything a pointer is taken of stays referenced as long as the decoder lives
         self._keep = [tensor for tensor, _ in _bound_tensors(model, kv_caches, dtype)]
         products = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-        self.quantized = any(isinstance(w, QuantizedWeight) for w in (model.embed, model.lm_head, *products))
+        quantized = [w for w in (model.embed, model.lm_head, *products) if isinstance(w, QuantizedWeight)]
+        self.quantized = bool(quantized)
+        self.prompts = _prompt_plan(lib, model, kv_dtype, quantized, prompt_bf16 and prompt_attention.takes_bf16(lib),
+                                    torch_attention_faster)
         self.packed = packed_weights(lib, model) if dtype == torch.bfloat16 and not self.quantized else None
         self._keep.append(self.packed)
         self.bf16_dot = dtype == torch.bfloat16 and self.packed is None and use_dot_products(lib)
@@ -139,7 +162,7 @@ class NativeDecoder:
                 *(_quant(w) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)))
         self._model.layers = self._layers
         self._rows = 0
-        self._workspace = _Workspace()
+        self._workspace = _Workspace(quant_engine=prompt_steps.NO_ENGINE)
         self._buffers: dict[str, torch.Tensor] = {}
 
     def _all_reduce(self, pointer, count: int) -> None:
@@ -153,7 +176,8 @@ class NativeDecoder:
             self._reduce_error = exc
 
     @classmethod
-    def build(cls, model, kv_caches, device: torch.device, dtype: torch.dtype, comm=None) -> NativeDecoder | None:
+    def build(cls, model, kv_caches, device: torch.device, dtype: torch.dtype, comm=None,
+              prompt_bf16: bool = False, torch_attention_faster: bool = False) -> NativeDecoder | None:
         """A decoder for this model, or None when the native path cannot run it."""
         reason = unavailable_reason(model, device, dtype, kv_caches[0][0].dtype)
         if reason is None and not all(t.dtype == want and t.is_contiguous()
@@ -164,7 +188,9 @@ class NativeDecoder:
             level = logging.WARNING if device.type == "cpu" and "unavailable" in reason else logging.INFO
             log.log(level, "decode steps use the torch path: %s", reason)
             return None
-        return cls(build.load(), model, kv_caches, dtype, comm)
+        decoder = cls(build.load(), model, kv_caches, dtype, comm, prompt_bf16, torch_attention_faster)
+        log.info("steps with prompt tokens: %s", decoder.prompts.reason)
+        return decoder
 
     def _reserve(self, rows: int) -> None:
         if rows <= self._rows:
@@ -178,31 +204,53 @@ class NativeDecoder:
         self._buffers["matmul_input"] = buffer = torch.empty(self._rows * widest_input, dtype=torch.bfloat16)
         self._workspace.matmul_input = buffer.data_ptr()
         if self.quantized:
-            size = self._lib.baton_quant_input_bytes(self._rows, self._widest_input)
+            size = max(self._lib.baton_quant_input_bytes(self._rows, self._widest_input),
+                       self._lib.baton_quant_bf16_scratch_bytes(self._rows, self._widest_input))
             self._buffers["quant_input"] = buffer = torch.empty(size, dtype=torch.uint8)
             self._workspace.quant_input = buffer.data_ptr()
 
-    def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray) -> torch.Tensor | None:
-        """Logits [rows, vocab] (fp32) of one new token per sequence; writes their K/V.
-        Under tensor parallelism: all of the vocabulary on rank 0, None on the others.
+    def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray,
+             prompt_starts=None, logits_rows: np.ndarray | None = None) -> torch.Tensor | None:
+        """fp32 logits [sampled rows, vocab] of one step; writes every row's K/V. Under tensor
+        parallelism: all of the vocabulary on rank 0, None on the others.
 
-        token_ids, positions: int64 [rows]; tables: int32 [rows, width], covering every
-        position up to the new token's (each attends over positions 0..its own).
+        token_ids, positions: int64 [rows]; tables: int32 [rows, width], each row's block
+        table covering its position (each attends over positions 0..its own).
+        prompt_starts: the rows of the step's prompt chunks, first (chunk c: rows
+        prompt_starts[c] .. prompt_starts[c + 1] - 1, consecutive positions of one sequence,
+        every row with its table); None or [0] for a decode-only step. logits_rows: the
+        increasing rows whose logits come back (default: all).
         """
         rows = len(token_ids)
+        starts = np.ascontiguousarray([0] if prompt_starts is None else prompt_starts, dtype=np.int64)
+        chunks = len(starts) - 1
+        if chunks and rows >= self.prompts.max_rows:
+            raise ValueError(f"this decoder does not run steps with prompt tokens of {rows} rows "
+                             f"({self.prompts.reason})")
+        wanted = np.arange(rows, dtype=np.int64) if logits_rows is None else \
+            np.ascontiguousarray(logits_rows, dtype=np.int64)
         self._reserve(rows)
-        logits = torch.empty(rows, self.vocab, dtype=torch.float32)
+        logits = torch.empty(len(wanted), self.vocab, dtype=torch.float32)
         token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         tables = np.ascontiguousarray(tables, dtype=np.int32)
         self._check_bounds(token_ids, positions, tables)
-        self._step(
+        _check_rows(positions, starts, wanted)
+        ws = self._workspace
+        ws.quant_engine = self.prompts.quant_engine if chunks else prompt_steps.NO_ENGINE
+        ws.quant_min_rows = self.prompts.quant_min_rows
+        prompts = _Prompts(chunks, starts.ctypes.data, int(self.prompts.bf16_products))
+        status = self._step(
             ctypes.byref(self._model), ctypes.c_int(rows),
             token_ids.ctypes.data_as(ctypes.c_void_p), positions.ctypes.data_as(ctypes.c_void_p),
-            tables.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(tables.shape[1]),
-            ctypes.byref(self._workspace),
+            tables.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(tables.shape[1]), ctypes.byref(prompts),
+            wanted.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(len(wanted)), ctypes.byref(ws),
             ctypes.c_void_p(logits.data_ptr()),
         )
+        if status == -2:
+            raise MemoryError("native step: no memory for a prompt chunk's context")
+        if status != 0:
+            raise RuntimeError(f"native step refused a prompt chunk (status {status})")
         if self.comm is None:
             return logits
         if self._reduce_error is not None:
@@ -226,6 +274,20 @@ class NativeDecoder:
             raise ValueError("a block table is shorter than its context")
         if tables.min() < 0 or tables.max() >= self.num_blocks:
             raise ValueError(f"a block id is outside the pool [0, {self.num_blocks})")
+
+
+def _check_rows(positions: np.ndarray, starts: np.ndarray, wanted: np.ndarray) -> None:
+    """Prompt chunks and sampled rows the C step can index without checks: chunks of at
+    least one row each, in order, within the step, at consecutive positions (the kernel
+    places a chunk's rows by its last); sampled rows increasing, within the step."""
+    rows = len(positions)
+    if starts[0] != 0 or np.any(np.diff(starts) < 1) or starts[-1] > rows:
+        raise ValueError(f"prompt chunks must be consecutive, non-empty row ranges from 0 within {rows} rows")
+    for first, end in zip(starts[:-1], starts[1:]):
+        if np.any(np.diff(positions[first:end]) != 1):
+            raise ValueError(f"a prompt chunk's positions are not consecutive (rows {first}..{end - 1})")
+    if len(wanted) and (wanted[0] < 0 or wanted[-1] >= rows or np.any(np.diff(wanted) < 1)):
+        raise ValueError(f"sampled rows must increase within [0, {rows})")
 
 
 def _bound_tensors(model, kv_caches, dtype: torch.dtype):

@@ -53,7 +53,12 @@ static inline __m512 prompt_exp(__m512 x) {
 
 typedef struct {
     const float *q;
+    int64_t q_stride; /* floats from one query row to the next (num_heads * dim when packed) */
     const void *k, *v;
+    /* the context's block table (k and v then being the paged cache, [blocks, block_size,
+     * num_kv_heads, dim]), or NULL (k and v then [ctx, num_kv_heads, dim]) */
+    const int32_t *table;
+    int block_size;
     int kv_bf16, n, ctx, num_heads, num_kv_heads, dim;
     float scale;
     float *out;
@@ -79,7 +84,8 @@ static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, 
         const int64_t key = block * ATTENTION_TOKENS + j;
         float *value = values + (int64_t)j * stride;
         if (key < a->ctx) {
-            const int64_t at = (key * a->num_kv_heads + kvh) * dim;
+            const int64_t row = a->table ? cache_slot(a->table, a->block_size, key) : key;
+            const int64_t at = (row * a->num_kv_heads + kvh) * dim;
             prompt_row(a->k, a->kv_bf16, at, dim, keys[j]);
             prompt_row(a->v, a->kv_bf16, at, dim, value);
         } else {
@@ -134,7 +140,7 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     const int64_t first = (int64_t)a->ctx - a->n + r0; /* the position of chunk row r0 */
     for (int t = 0; t < all; t++) {
         const int h = kvh * group + t / rows, r = t % rows;
-        const float *row = a->q + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
+        const float *row = a->q + (int64_t)(r0 + r) * a->q_stride + (int64_t)h * dim;
         if (a->bf16_products) /* the query rounded, the scores scaled after */
             for (int i = 0; i < dim / 2; i++)
                 qp[t][i] = (uint32_t)f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
@@ -247,53 +253,76 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     }
 }
 
-/* out[n, num_heads, dim] = softmax(q k^T * scale) v for the n query rows q[n, num_heads, dim]
- * at positions ctx - n .. ctx - 1, over keys and values [ctx, num_kv_heads, dim] (float32,
- * or bf16 with kv_bf16), each row over keys 0..its position. Returns 0; -2 out of memory
- * (for the widened context: 8 * ctx * num_kv_heads * dim bytes); or -1 (nothing
- * written) for a shape it does not take: dim a multiple of 16 up to PROMPT_MAX_DIM, query
- * heads a multiple of the KV heads and at most PROMPT_TASK_ROWS of them to one, 1 <= n <= ctx. */
-int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
-                           int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
+/* Runs a filled PromptAttention (its keys and values laid out here): 0, -1 for a shape the
+ * kernel does not take (dim a multiple of 16 up to PROMPT_MAX_DIM, query heads a multiple
+ * of the KV heads and at most PROMPT_TASK_ROWS of them to one, 1 <= n <= ctx), -2 out of
+ * memory (for the laid-out context: 8 * ctx * num_kv_heads * dim bytes). */
+static int prompt_attention_run(PromptAttention *a) {
+    const int dim = a->dim, num_heads = a->num_heads, num_kv_heads = a->num_kv_heads, n = a->n;
     if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
-        num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx)
+        num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > a->ctx)
         return -1;
 #if !defined(__AVX512BF16__)
-    if (bf16_products) return -1;
+    if (a->bf16_products) return -1;
 #endif
-    const int64_t key_blocks = ((int64_t)ctx + ATTENTION_TOKENS - 1) / ATTENTION_TOKENS;
-    const size_t bytes = (size_t)num_kv_heads * key_blocks * ATTENTION_TOKENS * dim * (bf16_products ? 2 : 4);
-    PromptAttention a = {q, k, v, kv_bf16, n, ctx, num_heads, num_kv_heads, dim, scale, out, bf16_products,
-                         aligned_alloc(64, bytes), aligned_alloc(64, bytes), key_blocks};
-    if (!a.keys || !a.values) {
-        free(a.keys);
-        free(a.values);
+    a->blocks = ((int64_t)a->ctx + ATTENTION_TOKENS - 1) / ATTENTION_TOKENS;
+    const size_t bytes = (size_t)num_kv_heads * a->blocks * ATTENTION_TOKENS * dim * (a->bf16_products ? 2 : 4);
+    a->keys = aligned_alloc(64, bytes);
+    a->values = aligned_alloc(64, bytes);
+    if (!a->keys || !a->values) {
+        free(a->keys);
+        free(a->values);
         return -2;
     }
     const int rows = PROMPT_TASK_ROWS / (num_heads / num_kv_heads), blocks = (n + rows - 1) / rows;
+    const int64_t key_blocks = a->blocks;
 #pragma omp parallel
     {
 #pragma omp for collapse(2) schedule(static)
         for (int kvh = 0; kvh < num_kv_heads; kvh++)
             for (int64_t b = 0; b < key_blocks; b++) {
 #if defined(__AVX512BF16__)
-                if (bf16_products) {
-                    prompt_pack_block(&a, kvh, b);
+                if (a->bf16_products) {
+                    prompt_pack_block(a, kvh, b);
                     continue;
                 }
 #endif
-                prompt_widen_block(&a, kvh, b);
+                prompt_widen_block(a, kvh, b);
             }
         /* later row blocks see more keys: dynamic scheduling evens the threads out */
 #pragma omp for collapse(2) schedule(dynamic)
         for (int kvh = 0; kvh < num_kv_heads; kvh++)
             for (int b = 0; b < blocks; b++)
-                prompt_attention_task(&a, kvh, b * rows, n - b * rows < rows ? n - b * rows : rows);
+                prompt_attention_task(a, kvh, b * rows, n - b * rows < rows ? n - b * rows : rows);
     }
-    free(a.keys);
-    free(a.values);
+    free(a->keys);
+    free(a->values);
     return 0;
 }
+
+/* out[n, num_heads, dim] = softmax(q k^T * scale) v for the n query rows q[n, num_heads, dim]
+ * at positions ctx - n .. ctx - 1, over keys and values [ctx, num_kv_heads, dim] (float32,
+ * or bf16 with kv_bf16), each row over keys 0..its position. Returns prompt_attention_run's
+ * status (nothing written unless 0). */
+int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
+                           int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
+    PromptAttention a = {q, (int64_t)num_heads * dim, k, v, NULL, 0, kv_bf16, n, ctx, num_heads, num_kv_heads, dim,
+                         scale, out, bf16_products, NULL, NULL, 0};
+    return prompt_attention_run(&a);
+}
+
+/* For the native step's prompt chunks (decode_step_body.h): n query rows, q_stride floats
+ * apart, at positions ctx - n .. ctx - 1 of the context a block table holds in the paged
+ * caches; out [n, num_heads, dim]. prompt_attention_run's status. */
+static int prompt_attention_paged(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                                  int kv_bf16, const int32_t *table, int block_size, int n, int ctx, int num_heads,
+                                  int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
+    PromptAttention a = {q, q_stride, k_cache, v_cache, table, block_size, kv_bf16, n, ctx, num_heads,
+                         num_kv_heads, dim, scale, out, bf16_products, NULL, NULL, 0};
+    return prompt_attention_run(&a);
+}
+
+int baton_step_takes_prompts(void) { return 1; }
 #else
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
                            int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
@@ -301,4 +330,15 @@ int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_
     (void)scale, (void)out, (void)bf16_products;
     return -1;
 }
+
+static int prompt_attention_paged(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                                  int kv_bf16, const int32_t *table, int block_size, int n, int ctx, int num_heads,
+                                  int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
+    (void)q, (void)q_stride, (void)k_cache, (void)v_cache, (void)kv_bf16, (void)table, (void)block_size, (void)n;
+    (void)ctx, (void)num_heads, (void)num_kv_heads, (void)dim, (void)scale, (void)out, (void)bf16_products;
+    return -1;
+}
+
+/* without AVX-512 the step has no prompt attention: steps with prompt tokens take torch's path */
+int baton_step_takes_prompts(void) { return 0; }
 #endif

@@ -55,7 +55,7 @@ def product(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.
 
 # quant_bf16.h's engines: bit number and name
 BF16_ENGINES = {1: "avx512_bf16", 2: "amx"}
-_BF16_ENGINE_IDS = {name: bit for bit, name in BF16_ENGINES.items()}
+BF16_ENGINE_IDS = {name: bit for bit, name in BF16_ENGINES.items()}
 
 
 def bf16_engines(lib: ctypes.CDLL) -> list[str]:
@@ -68,8 +68,8 @@ def bf16_engines(lib: ctypes.CDLL) -> list[str]:
 def product_bf16(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int, engine: str = "") -> torch.Tensor:
     """float32 x [rows, k] @ W^T -> float32 [rows, n]: bf16 products, each group of weight
     rows dequantized once into cache (quant_bf16.h), on `engine` (default: the fastest)."""
-    if engine and engine not in _BF16_ENGINE_IDS:
-        raise ValueError(f"unknown bf16 engine {engine!r}: one of {sorted(_BF16_ENGINE_IDS)}")
+    if engine and engine not in BF16_ENGINE_IDS:
+        raise ValueError(f"unknown bf16 engine {engine!r}: one of {sorted(BF16_ENGINE_IDS)}")
     x = x.to(torch.float32).contiguous()
     rows = x.shape[0]
     out = torch.empty(rows, n, dtype=torch.float32)
@@ -77,7 +77,7 @@ def product_bf16(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int, engi
         scratch = torch.empty(lib.baton_quant_bf16_scratch_bytes(rows, m.k), dtype=torch.uint8)
         status = lib.baton_quant_product_bf16(
             ctypes.byref(m), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(rows), ctypes.c_void_p(out.data_ptr()),
-            ctypes.c_void_p(scratch.data_ptr()), ctypes.c_int(_BF16_ENGINE_IDS.get(engine, 0)))
+            ctypes.c_void_p(scratch.data_ptr()), ctypes.c_int(BF16_ENGINE_IDS.get(engine, 0)))
         if status != 0:
             raise RuntimeError(f"bf16 product failed: {engine or 'every engine'} unavailable here"
                                if status == -1 else "bf16 product failed: out of memory")

@@ -1,0 +1,94 @@
+"""Steps that carry prompt tokens, on the native step against torch's path, on the bundled
+model as `baton up` serves it (dtype and quantization `auto`). Each case is one step: B
+running decodes (contexts of 300 tokens) beside a prompt chunk of P tokens starting at
+position 0, or a prompt alone. The two paths take turns (where native/prompt_steps.py
+sends a step to torch's path anyway, `native_step_ran` is false and both columns are torch's), each case best of `--repeats`, so
+drift hits both alike. A worker that prefills in small chunks to keep its decodes' time per
+token pays each step's fixed cost on every chunk: this is that cost.
+
+    python bench/mixed_steps.py --threads 1   # writes bench/results/mixed_steps.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("results")
+CASES = ((4, 16), (4, 64), (8, 16), (8, 64), (4, 256), (0, 256), (0, 512), (0, 1024), (8, 0))  # (decodes, prompt tokens)
+DECODE_CONTEXT = 300
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS / "mixed_steps.json")
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before the native library's OpenMP starts
+
+    import torch
+    from machine_info import machine_record
+
+    from baton.engine import Engine, SamplingParams
+    from baton.engine.native import prompt_steps
+    from baton.engine.scheduler import ScheduledBatch
+    from baton.engine.sequence import Sequence
+    from baton.engine.step_inputs import StepInputs
+
+    torch.set_num_threads(args.threads)
+    engine = Engine(threads=args.threads, kv_cache_memory_gb=0.5)
+    runner, native = engine.runner, engine.runner.native
+    if native is None or not native.prompts.max_rows:
+        raise SystemExit(f"the native step does not run prompt steps here: {native and native.prompts.reason}")
+    block, blocks = runner.block_size, runner.num_blocks
+    params = SamplingParams(max_tokens=1)
+    generator = torch.Generator().manual_seed(0)
+    next_block = iter(())
+
+    def sequence(name: str, tokens: int, computed: int) -> Sequence:
+        ids = torch.randint(100, 20000, (tokens,), generator=generator).tolist()
+        seq = Sequence(name, ids, params, num_computed_tokens=computed)
+        seq.block_table = [next(next_block) for _ in range(-(-tokens // block))]
+        return seq
+
+    def batch(decodes: int, prompt: int) -> ScheduledBatch:
+        running = [sequence(f"d{i}", DECODE_CONTEXT, DECODE_CONTEXT - 1) for i in range(decodes)]
+        return ScheduledBatch(prefills=[(sequence("p", prompt, 0), prompt)] if prompt else [], decodes=running)
+
+    def timed(b: ScheduledBatch, use_native: bool) -> float:
+        runner.native = native if use_native else None
+        start = time.perf_counter()
+        runner.run(b)
+        return time.perf_counter() - start
+
+    rows = []
+    for decodes, prompt in CASES:
+        next_block = iter(range(blocks))  # each case's sequences from the pool's start
+        b = batch(decodes, prompt)
+        timed(b, True), timed(b, False)  # warm both
+        best = {"native": float("inf"), "torch": float("inf")}
+        for _ in range(args.repeats):
+            best["native"] = min(best["native"], timed(b, True))
+            best["torch"] = min(best["torch"], timed(b, False))
+        inputs, _ = StepInputs.from_batch(b, block)
+        on_native = not prompt or prompt_steps.runs(native.prompts, len(inputs.token_ids), inputs.prompt_attention_work())
+        row = {"decodes": decodes, "prompt_tokens": prompt, "native_step_ran": on_native,
+               "native_ms": round(best["native"] * 1e3, 2),
+               "torch_ms": round(best["torch"] * 1e3, 2), "torch_over_native": round(best["torch"] / best["native"], 2)}
+        print(row, flush=True)
+        rows.append(row)
+    runner.native = native
+    record = {"machine": machine_record(), "threads": args.threads, "dtype": str(engine.dtype),
+              "kv_dtype": str(engine.kv_dtype), "quantization": engine.config.quantization,
+              "native_prompt_steps": native.prompts.reason, "decode_context": DECODE_CONTEXT, "cases": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

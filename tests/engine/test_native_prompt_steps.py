@@ -1,0 +1,169 @@
+"""Steps with prompt tokens on the native step (native/prompt_steps.py) against the torch
+path: the same step's logits and K/V, whole generations, the refusals, and the plan."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from baton.engine import SamplingParams
+from baton.engine.native import prompt_steps
+from baton.engine.quant.weight import DenseProducts
+from baton.engine.scheduler import ScheduledBatch
+from baton.engine.sequence import Sequence
+
+from .conftest import PROMPTS, make_engine
+
+ENGINE_IDS = {"avx512_bf16": 1, "amx": 2}
+
+
+def _sequence(name: str, tokens: int, computed: int, first_block: int, block_size: int, seed: int) -> Sequence:
+    ids = torch.randint(100, 20000, (tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
+    seq = Sequence(name, ids, SamplingParams(max_tokens=1), num_computed_tokens=computed)
+    seq.block_table = list(range(first_block, first_block + -(-tokens // block_size)))[::-1]  # scattered
+    return seq
+
+
+def _mixed_batch(block_size: int) -> tuple[ScheduledBatch, list[Sequence]]:
+    """Two prompt chunks (a fresh prompt's first 40 tokens, a prompt's last 30 after 50
+    cached) and three decodes over contexts of 20-300 tokens."""
+    fresh = _sequence("fresh", 70, 0, 0, block_size, 1)
+    extend = _sequence("extend", 80, 50, 10, block_size, 2)
+    decodes = [_sequence(f"d{i}", n, n - 1, 20 + 20 * i, block_size, 3 + i) for i, n in enumerate((20, 300, 130))]
+    return ScheduledBatch(prefills=[(fresh, 40), (extend, 30)], decodes=decodes), [fresh, extend, *decodes]
+
+
+def _fill_contexts(runner, sequences: list[Sequence]) -> None:
+    """Each sequence's cached tokens in the cache, computed by the torch path."""
+    native, runner.native = runner.native, None
+    try:
+        for seq in sequences:
+            cached, seq.num_computed_tokens = seq.num_computed_tokens, 0
+            if cached:
+                runner.run(ScheduledBatch(prefills=[(seq, cached)]))
+            seq.num_computed_tokens = cached
+    finally:
+        runner.native = native
+
+
+def _written_kv(runner, sequences: list[Sequence], batch: ScheduledBatch) -> torch.Tensor:
+    rows = []
+    chunks = {id(seq): n for seq, n in batch.prefills}
+    for seq in sequences:
+        new = chunks.get(id(seq), 1)
+        for p in range(seq.num_computed_tokens, seq.num_computed_tokens + new):
+            slot = seq.block_table[p // runner.block_size] * runner.block_size + p % runner.block_size
+            rows.append(torch.stack([torch.stack((k.flatten(0, 1)[slot], v.flatten(0, 1)[slot]))
+                                     for k, v in runner.kv_caches]))
+    return torch.stack(rows).float()
+
+
+def _both_paths(engine):
+    """(native logits, torch logits, native K/V, torch K/V) of one mixed step."""
+    runner = engine.runner
+    batch, sequences = _mixed_batch(runner.block_size)
+    _fill_contexts(runner, sequences)
+    native = runner.native
+    assert native is not None and native.prompts.max_rows > batch.num_tokens, native and native.prompts
+    sampled, native_logits = runner.run(batch)
+    native_kv = _written_kv(runner, sequences, batch)
+    runner.native = None
+    try:
+        torch_sampled, torch_logits = runner.run(batch)
+    finally:
+        runner.native = native
+    assert [s.request_id for s in sampled] == [s.request_id for s in torch_sampled] == ["extend", "d0", "d1", "d2"]
+    return native_logits, torch_logits.float(), native_kv, _written_kv(runner, sequences, batch)
+
+
+def test_fp32_mixed_step_matches_the_torch_path():
+    native_logits, torch_logits, native_kv, torch_kv = _both_paths(make_engine(num_kv_blocks=128))
+    assert native_logits.shape == torch_logits.shape == (4, 49152)
+    assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
+    torch.testing.assert_close(native_logits, torch_logits, atol=2e-4, rtol=1e-5)
+    torch.testing.assert_close(native_kv, torch_kv, atol=2e-5, rtol=1e-5)
+
+
+def test_fp32_mixed_step_over_a_bf16_cache_is_as_close_as_the_decode_step():
+    """A fresh prompt's chunk attends over its own K/V: torch's path over the float32 rows
+    it just computed, the native step over the bf16 rows it wrote, so the two part by a
+    bf16 step here and there, and more in later layers (K/V a mean 1.4e-3 and at most
+    0.094 apart, logits 1.2e-3 and 0.021, on a Xeon with AMX)."""
+    engine = make_engine(num_kv_blocks=128, kv_cache_dtype="bfloat16")
+    native_logits, torch_logits, native_kv, torch_kv = _both_paths(engine)
+    assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
+    apart = (native_logits - torch_logits).abs()
+    assert apart.mean() < 3e-3 and apart.max() < 4e-2, (apart.mean(), apart.max())
+    kv_apart = (native_kv - torch_kv).abs()  # values of mean magnitude ~1
+    assert kv_apart.mean() < 3e-3 and kv_apart.max() < 0.25, (kv_apart.mean(), kv_apart.max())
+    assert (kv_apart > 2e-2).float().mean() < 1e-2
+
+
+@pytest.mark.parametrize("settings, logits_mean, kv_mean", [
+    # `auto` on the bundled GGUF: the many-row products are the torch path's own (the same
+    # engine from the same row count); where torch's attention runs in bf16 (Intel) the
+    # native chunks' runs in float32 (seen: logits 4.0e-3 apart on average, K/V 4.7e-3)
+    (dict(dtype="auto", quantization="auto"), 1.5e-2, 1.5e-2),
+    # bf16 activations round at every op, in each path's own order (seen: 0.12, 1.1e-2)
+    (dict(dtype="bfloat16"), 0.3, 3e-2),
+])
+def test_mixed_step_in_other_precisions_stays_near_the_torch_path(settings, logits_mean, kv_mean):
+    engine = make_engine(num_kv_blocks=128, **settings)
+    native_logits, torch_logits, native_kv, torch_kv = _both_paths(engine)
+    assert torch.equal(native_logits.argmax(-1), torch_logits.argmax(-1))
+    apart = (native_logits - torch_logits).abs()
+    assert apart.mean() < logits_mean and apart.max() < 40 * logits_mean, (apart.mean(), apart.max())
+    kv_apart = (native_kv - torch_kv).abs()
+    assert kv_apart.mean() < kv_mean and kv_apart.max() < 1.0, (kv_apart.mean(), kv_apart.max())
+
+
+def test_chunked_generations_are_the_torch_paths(monkeypatch):
+    prompts = [PROMPTS[0] * 6, *PROMPTS[1:4]]  # one prompt over several 32-token chunks
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    engine = make_engine(num_kv_blocks=128, max_num_batched_tokens=32)
+    assert engine.runner.native.prompts.max_rows == math.inf
+    native = [o.token_ids for o in engine.generate(prompts, params)]
+    monkeypatch.setenv("BATON_NATIVE_PROMPT_STEPS", "0")
+    torch_path = make_engine(num_kv_blocks=128, max_num_batched_tokens=32)
+    assert torch_path.runner.native.prompts.max_rows == 0
+    assert [o.token_ids for o in torch_path.generate(prompts, params)] == native
+
+
+@pytest.mark.parametrize("starts, positions, wanted, message", [
+    ([0, 3, 3], [5, 6, 7, 9], [2, 3], "non-empty row ranges"),
+    ([1, 3], [5, 6, 7, 9], [2, 3], "non-empty row ranges"),
+    ([0, 5], [5, 6, 7, 9], [2, 3], "non-empty row ranges"),
+    ([0, 3], [5, 7, 8, 9], [2, 3], "not consecutive"),
+    ([0, 3], [5, 6, 7, 9], [3, 2], "sampled rows must increase"),
+    ([0, 3], [5, 6, 7, 9], [2, 4], "sampled rows must increase"),
+])
+def test_malformed_prompt_rows_are_refused_before_the_native_call(starts, positions, wanted, message):
+    native = make_engine(num_kv_blocks=16).runner.native
+    ids = np.array([1, 2, 3, 4], dtype=np.int64)
+    tables = np.tile(np.arange(5, dtype=np.int32), (4, 1))
+    native.step(ids, np.array([5, 6, 7, 9]), tables, [0, 3], [2, 3])  # well formed: runs
+    with pytest.raises(ValueError, match=message):
+        native.step(ids, np.array(positions), tables, starts, wanted)
+
+
+def test_plan_follows_the_library_the_heads_and_the_quantized_products():
+    plan = prompt_steps.plan
+    assert plan(True, None, None, ENGINE_IDS, False).max_rows == math.inf
+    assert plan(True, None, None, ENGINE_IDS, False, setting="0").max_rows == 0
+    assert "AVX-512" in plan(False, None, None, ENGINE_IDS, False).reason
+    refused = plan(True, "no AVX-512, or a shape it does not take", None, ENGINE_IDS, False)
+    assert refused.max_rows == 0 and "shape" in refused.reason
+    amx = plan(True, None, DenseProducts(torch.bfloat16, 16, engine="amx"), ENGINE_IDS, True)
+    assert (amx.max_rows, amx.quant_engine, amx.quant_min_rows, amx.bf16_products) == (math.inf, 2, 16, True)
+    # tiles through torch's GEMM were the faster from min_rows: those steps stay torch's
+    tiles = plan(True, None, DenseProducts(torch.float32, 256), ENGINE_IDS, False)
+    assert (tiles.max_rows, tiles.quant_engine) == (256, prompt_steps.NO_ENGINE)
+    assert prompt_steps.runs(tiles, 255, 10**9) and not prompt_steps.runs(tiles, 256, 1)
+    # where torch's attention is the faster, long chunks' attention stays torch's
+    capped = plan(True, None, None, ENGINE_IDS, False, torch_attention_faster=True)
+    assert prompt_steps.runs(capped, 600, prompt_steps.TORCH_ATTENTION_WORK)
+    assert not prompt_steps.runs(capped, 600, prompt_steps.TORCH_ATTENTION_WORK + 1)
+    assert prompt_steps.runs(amx, 4096, 10**9)
