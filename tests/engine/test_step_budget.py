@@ -9,7 +9,7 @@ import pytest
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
     BATCH_FIXED_SHARE,
-    MAX_BANKED_OBJECTIVES,
+    DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
     StepCosts,
@@ -156,24 +156,36 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     assert [results["budget-short"], results["budget-long"]] == alone
 
 
+BANK = 4.0  # objectives a step may bank where saving time is asked for
+
+
 def test_allowance_is_the_time_each_decode_has_saved_against_the_objective():
     # 5 tokens in 0.2 s under a 0.1 s objective: the next may come 0.6 - 0.2 = 0.4 s later
-    assert step_allowance_s(0.1, [(5, 0.2)]) == pytest.approx(0.4)
+    assert step_allowance_s(0.1, [(5, 0.2)], BANK) == pytest.approx(0.4)
     # the decode with the least saved time decides for the whole step: 0.3 - 0.15 = 0.15 s
-    assert step_allowance_s(0.1, [(5, 0.2), (2, 0.15)]) == pytest.approx(0.15)
+    assert step_allowance_s(0.1, [(5, 0.2), (2, 0.15)], BANK) == pytest.approx(0.15)
 
 
 def test_allowance_is_never_below_the_objective_nor_above_its_bank_limit():
-    assert step_allowance_s(0.1, []) == pytest.approx(0.1 * MAX_BANKED_OBJECTIVES)
-    assert step_allowance_s(0.1, [(0, 0.0)]) == pytest.approx(0.1)  # fresh: step by step
-    assert step_allowance_s(0.1, [(10, 3.0)]) == pytest.approx(0.1)  # already behind
-    assert step_allowance_s(0.1, [(1000, 1.0)]) == pytest.approx(0.1 * MAX_BANKED_OBJECTIVES)
+    assert step_allowance_s(0.1, [], BANK) == pytest.approx(0.1 * BANK)
+    assert step_allowance_s(0.1, [(0, 0.0)], BANK) == pytest.approx(0.1)  # fresh: step by step
+    assert step_allowance_s(0.1, [(10, 3.0)], BANK) == pytest.approx(0.1)  # already behind
+    assert step_allowance_s(0.1, [(1000, 1.0)], BANK) == pytest.approx(0.1 * BANK)
+
+
+def test_by_default_no_step_runs_past_the_objective():
+    assert DEFAULT_BANK_OBJECTIVES == 1.0
+    assert step_allowance_s(0.1, [(5, 0.2)]) == pytest.approx(0.1)  # saved 0.3 s: not spent
+    costs = costs_of(0.02, 0.005, 0.001)  # 8 decodes take 60 ms, 1 ms per prompt token
+    # what fits in one objective, however long the prompt has waited
+    assert prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.4, wanted=500,
+                                deferred_s=10.0) == pytest.approx(40, abs=2)
 
 
 def test_saved_time_buys_a_larger_chunk():
     costs = costs_of(0.02, 0.005, 0.001)  # 8 decodes take 60 ms, 1 ms per prompt token
     per_step = prefill_token_budget(0.1, 8, costs, ceiling=2048)
-    banked = prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.3)
+    banked = prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.3, bank=BANK)
     assert per_step == pytest.approx(40, abs=2)
     assert banked == pytest.approx(240, abs=5)
     # an allowance under the objective never shrinks the per-step budget
@@ -188,6 +200,7 @@ def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monke
 
     engine = engine_fp32
     monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    monkeypatch.setattr(engine.config, "tpot_bank_objectives", BANK)
     engine.add_request("Pacing:", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
                        request_id="paced")
     try:
@@ -204,7 +217,7 @@ def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monke
         assert engine._prefill_cap() == pytest.approx(75, abs=2)  # (100 - 25) ms at 1 ms a token
         seq.paced_from = (time.monotonic() - 0.01 * made, 1)  # fast: about 0.1·(made+1) s saved
         expected = prefill_token_budget(0.1, 1, engine.step_costs, engine.config.max_num_batched_tokens,
-                                        allowance_s=0.1 * (made + 1) - 0.01 * made)
+                                        allowance_s=0.1 * (made + 1) - 0.01 * made, bank=BANK)
         assert engine._prefill_cap() == pytest.approx(expected, abs=2)
         assert expected > 75
     finally:
@@ -235,7 +248,7 @@ def test_prompt_cost_separates_a_fixed_part_from_the_cost_per_token():
 
 def test_a_chunk_too_small_for_its_fixed_cost_waits_for_saved_time():
     costs = costs_with_fixed(0.06, 0.001)  # 3 decodes take 30 ms; a chunk adds 60 ms + 1 ms a token
-    budget = dict(tpot_objective_s=0.1, decodes=3, costs=costs, ceiling=2048, wanted=500)
+    budget = dict(tpot_objective_s=0.1, decodes=3, costs=costs, ceiling=2048, wanted=500, bank=BANK)
     # at the objective only 10 tokens fit: a third of a worthwhile chunk (2F/s = 120): wait
     assert prefill_token_budget(**budget, allowance_s=0.1) == 0
     # once the decodes have saved 150 ms more, one chunk of 160 tokens
@@ -260,6 +273,7 @@ def test_the_engine_holds_a_prompt_back_for_a_worthwhile_chunk_and_not_for_long(
 
     engine = engine_fp32
     monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    monkeypatch.setattr(engine.config, "tpot_bank_objectives", BANK)
     engine.add_request("Waiting:", SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), request_id="dec")
     try:
         for _ in range(2):

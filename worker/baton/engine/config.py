@@ -88,8 +88,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget
     chunk_size: int = 512  # longest prefill chunk; 0 = whole prompts
     # prompt tokens per step are capped so running decodes keep this time per output token
-    # (measured step costs; None or 0 = no cap beyond max_num_batched_tokens)
-    tpot_objective_s: float | None = 0.1
+    # (measured step costs; None or 0 = no cap beyond max_num_batched_tokens); the autoscaler's
+    # default objective too (PolicyConfig.tpot_slo_s)
+    tpot_objective_s: float | None = 0.05
+    # the longest step time saved against it may buy, in objectives (step_budget.py; 1: none)
+    tpot_bank_objectives: float = 1.0
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     role: str = "both"
@@ -121,6 +124,9 @@ class EngineConfig:
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.chunk_size < 0:
             raise ValueError(f"chunk_size must be >= 0 (0 = whole prompts), got {self.chunk_size}")
+        if not 1 <= self.tpot_bank_objectives < math.inf:
+            raise ValueError(f"tpot_bank_objectives must be a finite number >= 1 (1: no step past the objective), "
+                             f"got {self.tpot_bank_objectives!r}")
         if self.tpot_objective_s is not None and not (0 <= self.tpot_objective_s < math.inf):
             raise ValueError(f"tpot_objective_s must be a finite number >= 0 (0 = no cap), "
                              f"got {self.tpot_objective_s!r}")

@@ -298,9 +298,10 @@ class Engine:
         paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])
                  for seq in decoding if seq.paced_from is not None]
         deferred = now - self._prompts_deferred_since if self._prompts_deferred_since is not None else 0.0
+        bank = self.config.tpot_bank_objectives
         return prefill_token_budget(objective, len(decoding), self.step_costs, self.config.max_num_batched_tokens,
-                                    allowance_s=step_allowance_s(objective, paces), wanted=wanted,
-                                    deferred_s=deferred)
+                                    allowance_s=step_allowance_s(objective, paces, bank), wanted=wanted,
+                                    deferred_s=deferred, bank=bank)
 
     def _admission_cap(self) -> int | None:
         """Tokens of prompts a prefill worker's step may start and finish (None: no limit).

@@ -35,9 +35,13 @@ def add_arguments(parser) -> None:
                         help="longest prefill chunk (0: whole prompts); default 0 for prefill "
                         "workers (no decodes to protect, and every layer streams while the "
                         "prompt computes), 512 otherwise")
-    parser.add_argument("--tpot-objective-ms", type=float, default=100.0,
+    parser.add_argument("--tpot-objective-ms", type=float, default=50.0,
                         help="cap prompt tokens per step so running decodes keep this time per "
                         "output token (from measured step costs; 0: no cap)")
+    parser.add_argument("--tpot-bank-objectives", type=float, default=1.0,
+                        help="the longest step that time saved against the objective may buy, in "
+                        "objectives: 1 keeps every step within it (each gap between tokens), more "
+                        "lets a prompt run in fewer, larger chunks")
     parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size (overrides memory)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
@@ -78,7 +82,8 @@ def settings_from_args(args) -> WorkerSettings:
         quantization=args.quantization,
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
         chunk_size=default_chunk_size(args.role) if args.chunk_size is None else args.chunk_size,
-        tpot_objective_s=args.tpot_objective_ms / 1e3, kv_cache_memory_gb=args.kv_cache_memory_gb,
+        tpot_objective_s=args.tpot_objective_ms / 1e3, tpot_bank_objectives=args.tpot_bank_objectives,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
         tensor_parallel_size=args.tensor_parallel_size,
         cpu_cores=list(args.cpu_core), ray_address=args.ray_address, rank_placement=args.rank_placement, peers=[p for p in args.peers.split(",") if p],

@@ -28,7 +28,8 @@ class WorkerSettings:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     chunk_size: int = 512
-    tpot_objective_s: float = 0.1  # prompt tokens per step capped to keep it (0: no cap)
+    tpot_objective_s: float = 0.05  # prompt tokens per step capped to keep it (0: no cap)
+    tpot_bank_objectives: float = 1.0  # the longest step saved time may buy, in objectives
     kv_cache_memory_gb: float = 1.0
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
@@ -53,6 +54,9 @@ class WorkerSettings:
         if not 0 <= self.tpot_objective_s < float("inf"):
             raise ValueError("--tpot-objective-ms must be a finite number >= 0 (0: no cap), "
                              f"got {self.tpot_objective_s * 1e3!r}")
+        if not 1 <= self.tpot_bank_objectives < float("inf"):
+            raise ValueError("--tpot-bank-objectives must be a finite number >= 1 (1: no step past the "
+                             f"objective), got {self.tpot_bank_objectives!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
         if self.ticket_ttl_s <= 0:
@@ -106,6 +110,7 @@ class WorkerSettings:
             max_num_batched_tokens=self.max_num_batched_tokens,
             chunk_size=self.chunk_size,
             tpot_objective_s=self.tpot_objective_s,
+            tpot_bank_objectives=self.tpot_bank_objectives,
             kv_cache_memory_gb=self.kv_cache_memory_gb,
             max_num_seqs=self.max_num_seqs,
             role=self.role,
