@@ -13,6 +13,7 @@ from baton.engine.step_budget import (
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
     StepCosts,
+    attention_work,
     prefill_token_budget,
     prompt_batch_tokens,
     step_allowance_s,
@@ -120,7 +121,7 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     from baton.engine.sampling import SamplingParams
 
     engine, greedy = engine_fp32, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    short, long = "Budgets:", "Seven tall ships sailed past the harbour wall at dawn. " * 6
+    short, long = "Budgets:", "Seven tall ships sailed past the harbour wall at dawn. " * 12
     monkeypatch.setattr(engine.config, "tpot_objective_s", 1e-6)
     seen, bounds = [], []  # each step's batch; half a decode step in prompt tokens, as costs stood
     schedule = engine.scheduler.schedule
@@ -237,13 +238,53 @@ def costs_with_fixed(fixed_s: float, per_token_s: float, decode_s: float = 0.01)
 
 
 def test_prompt_cost_separates_a_fixed_part_from_the_cost_per_token():
-    fixed, per_token = costs_with_fixed(0.06, 0.001).prompt_cost()
+    fixed, per_token, per_context, margin = costs_with_fixed(0.06, 0.001).prompt_cost()
     assert fixed == pytest.approx(0.06, rel=0.01) and per_token == pytest.approx(0.001, rel=0.01)
+    assert per_context < 1e-9  # these chunks cost the same wherever they start
+    assert margin == 0.0  # four steps: too few to say how far they stray
     one_size = StepCosts()
     for _ in range(4):
         one_size.observe(0, 64, 0.128)
-    assert one_size.prompt_cost() == (0.0, pytest.approx(0.002))  # F cannot be told apart
+    assert one_size.prompt_cost() == (0.0, pytest.approx(0.002), 0.0, 0.0)  # F cannot be told apart
     assert StepCosts().prompt_cost() is None
+
+
+def chunked_prompt_costs(fixed_s: float, per_token_s: float, per_context_s: float) -> StepCosts:
+    """Decode steps of 10 ms a sequence; chunks of 32-96 tokens along 512-token prompts beside
+    4 decodes, each costing F + s·P + a·W (W its rows x their context)."""
+    costs = StepCosts()
+    for b in (1, 2, 4, 8):
+        costs.observe(b, 0, 0.01 * b)
+    start = 0
+    for tokens in (32, 64, 96, 32, 64, 96, 64, 64):
+        work = attention_work(start, tokens)
+        costs.observe(4, tokens, 0.04 + fixed_s + per_token_s * tokens + per_context_s * work, work)
+        start += tokens
+    return costs
+
+
+def test_a_chunk_late_in_a_long_prompt_is_smaller_so_its_step_keeps_the_objective():
+    costs = chunked_prompt_costs(0.01, 0.0004, 2e-6)
+    cost = costs.prompt_cost()
+    assert cost == (pytest.approx(0.01, rel=0.01), pytest.approx(0.0004, rel=0.01), pytest.approx(2e-6, rel=0.01),
+                    pytest.approx(0.0, abs=1e-9))
+    sizes = [prefill_token_budget(0.1, 4, costs, ceiling=2048, context_start=start) for start in (0, 256, 1024)]
+    assert sizes[0] > sizes[1] > sizes[2] >= MIN_PROMPT_TOKENS_PER_STEP
+    for start, size in zip((0, 256, 1024), sizes):  # each fills the objective's room, no more
+        assert 0.04 + cost.seconds(size, start) == pytest.approx(0.1, abs=cost.marginal(start + size))
+    assert cost.tokens_within(0.05, 0) > cost.tokens_within(0.05, 1024)
+
+
+def test_chunks_of_one_size_along_a_prompt_still_show_the_context_cost():
+    costs = StepCosts()
+    for b in (1, 2, 4, 8):
+        costs.observe(b, 0, 0.01 * b)
+    for start in range(0, 512, 64):  # F and s cannot be told apart: F = 0
+        work = attention_work(start, 64)
+        costs.observe(4, 64, 0.04 + 0.01 + 0.0004 * 64 + 2e-6 * work, work)
+    fixed, per_token, per_context, _ = costs.prompt_cost()
+    assert fixed == 0.0 and per_context == pytest.approx(2e-6, rel=0.01)
+    assert per_token * 64 == pytest.approx(0.01 + 0.0004 * 64, rel=0.01)
 
 
 def test_a_chunk_too_small_for_its_fixed_cost_waits_for_saved_time():
@@ -264,7 +305,7 @@ def test_a_chunk_too_small_for_its_fixed_cost_waits_for_saved_time():
 class FrozenCosts(StepCosts):
     """Step costs that the engine's own steps do not move."""
 
-    def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
+    def observe(self, decodes: int, prompt_tokens: int, seconds: float, work: int | None = None) -> None:
         pass
 
 
@@ -353,3 +394,19 @@ def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(eng
     finally:
         for rid in prompts:
             engine.release(rid)
+
+
+def test_budgets_keep_in_hand_how_far_steps_stray_from_the_line():
+    """Steps that scatter about the line: the budget leaves room for the scatter's 90th
+    percentile, so most steps, not the average one, end within the objective."""
+    steady, scattered = StepCosts(), StepCosts()
+    for costs in (steady, scattered):
+        for b in (1, 2, 4, 8):
+            costs.observe(b, 0, 0.01 * b)
+    for i, tokens in enumerate((16, 32, 64, 128) * 5):
+        for costs, noise in ((steady, 0.0), (scattered, 0.01 * (i % 5 == 0))):  # 1 step in 5: 10 ms more
+            costs.observe(2, tokens, 0.02 + 0.005 + 0.0004 * tokens + noise, attention_work(0, tokens))
+    assert steady.prompt_cost().margin == pytest.approx(0.0, abs=1e-6)
+    assert scattered.prompt_cost().margin > 0.005
+    assert (prefill_token_budget(0.05, 2, scattered, ceiling=2048)
+            < prefill_token_budget(0.05, 2, steady, ceiling=2048) - 10)

@@ -20,6 +20,7 @@ from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
 from baton.engine.step_budget import (
     StepCosts,
+    attention_work,
     prefill_token_budget,
     prompt_batch_tokens,
     step_allowance_s,
@@ -267,6 +268,7 @@ class Engine:
             outputs.append(self._output(seq, [], ""))
         if not (batch.prefills or batch.decodes):
             return outputs
+        work = sum(attention_work(seq.num_computed_tokens, n) for seq, n in batch.prefills)  # before they advance
         started = time.perf_counter()
         try:
             sampled = self._run(batch, layer_hook)
@@ -274,7 +276,7 @@ class Engine:
             sampled = self._run_one_by_one(batch, layer_hook, exc, outputs)
         seconds = time.perf_counter() - started
         self.stats.record_step(batch, seconds)
-        self.step_costs.observe(len(batch.decodes), batch.num_tokens - len(batch.decodes), seconds)
+        self.step_costs.observe(len(batch.decodes), batch.num_tokens - len(batch.decodes), seconds, work)
         now = time.monotonic()
         for seq, result in sampled:
             try:
@@ -299,9 +301,11 @@ class Engine:
                  for seq in decoding if seq.paced_from is not None]
         deferred = now - self._prompts_deferred_since if self._prompts_deferred_since is not None else 0.0
         bank = self.config.tpot_bank_objectives
+        # the next chunk is the first running prompt's (the scheduler's order), else a new one's
+        start = next((seq.num_computed_tokens for seq in self.scheduler.running if seq.in_prefill), 0)
         return prefill_token_budget(objective, len(decoding), self.step_costs, self.config.max_num_batched_tokens,
                                     allowance_s=step_allowance_s(objective, paces, bank), wanted=wanted,
-                                    deferred_s=deferred, bank=bank)
+                                    deferred_s=deferred, bank=bank, context_start=start)
 
     def _admission_cap(self) -> int | None:
         """Tokens of prompts a prefill worker's step may start and finish (None: no limit).

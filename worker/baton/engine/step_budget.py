@@ -34,6 +34,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
+from typing import NamedTuple
+
+import numpy as np
 
 MIN_PROMPT_TOKENS_PER_STEP = 16  # a prompt always advances
 UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once decodes alone exceed T
@@ -44,18 +47,60 @@ UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once deco
 # beside four decodes, a 125 ms gap at p99 (2.46x vLLM's); 1 objective of 50 ms gave 58 ms.
 DEFAULT_BANK_OBJECTIVES = 1.0
 BATCH_FIXED_SHARE = 0.1  # with no decodes, prompts batch until a step's fixed cost is this share of it
+CONTEXT_FIT_STEPS = 8  # prompt steps seen before their attention's share is fitted (three unknowns, noisy steps)
+# Budgets keep in hand this quantile of how far prompt steps ran past the fitted line. On two
+# colocated workers of a Xeon with AMX (vLLM's client, bench/serving.py) the steps with a
+# prompt chunk, sized by the line alone, ran to 56-65 ms under a 50 ms objective: their cost
+# also depends on how many decodes ride along, which the line does not see.
+MARGIN_QUANTILE = 0.9
+
+
+def attention_work(start: int, tokens: int) -> int:
+    """A prompt chunk's rows x the context each attends over: tokens start..start+tokens-1,
+    each over every position up to its own."""
+    return tokens * start + tokens * (tokens + 1) // 2
+
+
+class PromptCost(NamedTuple):
+    """A step's prompt chunks cost F + s·P + a·W seconds beyond its decodes, W their
+    attention work (`attention_work`): a chunk late in a long prompt attends over more."""
+
+    fixed: float
+    per_token: float
+    per_context: float = 0.0
+    # how far recent steps ran past the line (its MARGIN_QUANTILE): budgets keep it in hand,
+    # so that most steps, not the average one, end within the objective
+    margin: float = 0.0
+
+    def seconds(self, tokens: float, start: int = 0) -> float:
+        return self.fixed + self.per_token * tokens + self.per_context * (tokens * start + tokens * (tokens + 1) / 2)
+
+    def marginal(self, start: int = 0) -> float:
+        """About what one more token costs in a chunk starting at `start`."""
+        return self.per_token + self.per_context * (start + 0.5)
+
+    def tokens_within(self, seconds: float, start: int = 0) -> float:
+        """The chunk at `start` whose tokens cost `seconds` beyond F and the margin (negative
+        past them)."""
+        room, linear, square = seconds - self.fixed - self.margin, self.marginal(start), self.per_context / 2
+        if room <= 0 or square <= 0:
+            return room / linear
+        return (math.sqrt(linear * linear + 4 * square * room) - linear) / (2 * square)
 
 
 class StepCosts:
-    """Online estimates of t_dec(B) and s_tok from the engine's own steps."""
+    """Online estimates of t_dec(B) and of prompt chunks' cost from the engine's own steps."""
 
     def __init__(self, window: int = 64, alpha: float = 0.2):
         self._decode_steps: deque[tuple[int, float]] = deque(maxlen=window)
-        self._prompt_steps: deque[tuple[int, float]] = deque(maxlen=window)  # (P, seconds beyond decodes)
+        # (P, W, seconds beyond decodes)
+        self._prompt_steps: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._alpha = alpha
         self.prefill_s_per_token: float | None = None  # smoothed mean: what a local prompt token costs
 
-    def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
+    def observe(self, decodes: int, prompt_tokens: int, seconds: float, work: int | None = None) -> None:
+        """A step's decodes, prompt tokens and seconds; `work`: its chunks' attention work
+        (default: a fresh prompt's, attention_work(0, prompt_tokens))."""
         if seconds <= 0 or not math.isfinite(seconds) or decodes + prompt_tokens <= 0:
             return
         if prompt_tokens == 0:
@@ -67,7 +112,7 @@ class StepCosts:
         if decode_part is None:
             return
         extra = max(seconds - decode_part, 0.0)
-        self._prompt_steps.append((prompt_tokens, extra))
+        self._prompt_steps.append((prompt_tokens, attention_work(0, prompt_tokens) if work is None else work, extra))
         sample = extra / prompt_tokens
         old = self.prefill_s_per_token
         self.prefill_s_per_token = sample if old is None else (1 - self._alpha) * old + self._alpha * sample
@@ -89,25 +134,65 @@ class StepCosts:
         intercept = max(mean_t - slope * mean_b, 0.0)
         return intercept + slope * decodes
 
-    def prompt_cost(self) -> tuple[float, float] | None:
-        """(F, s): a step's prompt tokens cost F + s·P seconds beyond its decodes; least
-        squares over recent steps with F ≥ 0. Chunks all of about one size cannot tell F
-        from s: then F = 0 (every second per token, an over-estimate for larger chunks)."""
-        points = list(self._prompt_steps)
-        if not points:
+    def prompt_cost(self) -> PromptCost | None:
+        """F + s·P + a·W: least squares over recent steps, all three where the steps tell
+        them apart (a > 0, F ≥ 0), else (F, s) with a = 0 and F ≥ 0. Chunks all of about one
+        size cannot tell F from s: then F = 0 (every second per token, an over-estimate for
+        larger chunks). Once CONTEXT_FIT_STEPS steps are in, with the margin those steps ran
+        past the fit (its MARGIN_QUANTILE)."""
+        steps = list(self._prompt_steps)
+        if not steps:
             return None
-        total_p = sum(p for p, _ in points)
-        through_origin = sum(p * t for p, t in points) / sum(p * p for p, _ in points)
-        n = len(points)
-        mean_p, mean_t = total_p / n, sum(t for _, t in points) / n
-        var_p = sum((p - mean_p) ** 2 for p, _ in points)
-        if var_p <= (0.1 * mean_p) ** 2 * n:
-            return 0.0, through_origin
-        slope = sum((p - mean_p) * (t - mean_t) for p, t in points) / var_p
-        fixed = mean_t - slope * mean_p
-        if slope <= 0 or fixed < 0:
-            return 0.0, through_origin
-        return fixed, slope
+        cost = _fit_with_context(steps) or _fit_line([(p, t) for p, _, t in steps])
+        if len(steps) < CONTEXT_FIT_STEPS:
+            return cost
+        past = sorted(t - cost.fixed - cost.per_token * p - cost.per_context * w for p, w, t in steps)
+        return cost._replace(margin=max(0.0, past[int(MARGIN_QUANTILE * (len(past) - 1))]))
+
+
+def _fit_line(points: list[tuple[int, float]]) -> PromptCost:
+    """(F, s) by least squares over (P, seconds) with F ≥ 0."""
+    total_p = sum(p for p, _ in points)
+    through_origin = sum(p * t for p, t in points) / sum(p * p for p, _ in points)
+    n = len(points)
+    mean_p, mean_t = total_p / n, sum(t for _, t in points) / n
+    var_p = sum((p - mean_p) ** 2 for p, _ in points)
+    if var_p <= (0.1 * mean_p) ** 2 * n:
+        return PromptCost(0.0, through_origin)
+    slope = sum((p - mean_p) * (t - mean_t) for p, t in points) / var_p
+    fixed = mean_t - slope * mean_p
+    if slope <= 0 or fixed < 0:
+        return PromptCost(0.0, through_origin)
+    return PromptCost(fixed, slope)
+
+
+def _fit_with_context(steps: list[tuple[int, int, float]]) -> PromptCost | None:
+    """F, s, a by least squares, or None where the steps do not tell them apart or give
+    a negative part (the columns scaled, so the check is on their shapes, not their units)."""
+    if len(steps) < CONTEXT_FIT_STEPS:
+        return None
+    rows = np.asarray(steps, dtype=np.float64)
+    columns = np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 1]])
+    scale = np.abs(columns).max(axis=0)
+    if np.any(scale == 0):
+        return None
+    scaled = columns / scale
+    tolerance = 1e-3 * np.sqrt(len(rows))
+    fixed = -1.0
+    if np.linalg.matrix_rank(scaled, tol=tolerance) == 3:
+        solution = np.linalg.lstsq(scaled, rows[:, 2], rcond=None)[0] / scale
+        fixed, per_token, per_context = (float(v) for v in solution)
+    if fixed < 0:
+        # chunks of one size (F cannot be told from s), or a negative F: F = 0, as in the
+        # fit without context
+        if np.linalg.matrix_rank(scaled[:, 1:], tol=tolerance) < 2:
+            return None
+        per_token, per_context = (float(v) for v in np.linalg.lstsq(scaled[:, 1:], rows[:, 2], rcond=None)[0]
+                                  / scale[1:])
+        fixed = 0.0
+    if per_token <= 0 or per_context <= 0:
+        return None
+    return PromptCost(fixed, per_token, per_context)
 
 
 def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]],
@@ -134,32 +219,33 @@ def prompt_batch_tokens(costs: StepCosts, ceiling: int, least: int) -> int:
     cost = costs.prompt_cost()
     if cost is None:
         return ceiling
-    fixed, per_token = cost
     share = BATCH_FIXED_SHARE
-    tokens = math.ceil(fixed * (1 - share) / (share * per_token))
+    tokens = math.ceil(cost.fixed * (1 - share) / (share * cost.marginal()))
     return int(min(max(tokens, least, 1), ceiling))
 
 
 def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: StepCosts,
                          ceiling: int, floor: int = MIN_PROMPT_TOKENS_PER_STEP,
                          allowance_s: float | None = None, wanted: int | None = None,
-                         deferred_s: float = 0.0, bank: float = DEFAULT_BANK_OBJECTIVES) -> int:
+                         deferred_s: float = 0.0, bank: float = DEFAULT_BANK_OBJECTIVES,
+                         context_start: int = 0) -> int:
     """Prompt tokens the next step may carry next to `decodes` running decodes, in a step of
     at most `allowance_s` (default: the objective itself; see `step_allowance_s`). `wanted`:
     the prompt tokens waiting; `deferred_s`: how long they have waited for a worthwhile
     chunk. 0 means wait: decode-only steps first, then a chunk worth its fixed cost; never
     longer than the longest allowed step (fresh decodes, which have saved nothing yet, could
-    otherwise hold prompts back step after step)."""
+    otherwise hold prompts back step after step). `context_start`: where the next chunk
+    starts in its prompt (its attention work grows with it)."""
     if not tpot_objective_s or decodes == 0:
         return ceiling
     t_dec = costs.decode_step_s(decodes)
     cost = costs.prompt_cost()
     if t_dec is None or cost is None:
         return ceiling
-    fixed, per_token = cost
+    fixed, per_token = cost.fixed, cost.marginal(context_start)
 
     def fit(seconds: float) -> float:
-        return (seconds - t_dec - fixed) / per_token
+        return cost.tokens_within(seconds - t_dec, context_start)
 
     most = fit(bank * tpot_objective_s)  # what the longest allowed step holds
     if most < floor:
