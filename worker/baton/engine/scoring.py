@@ -1,5 +1,6 @@
-"""Every position's next-token logits of a text in one prefill pass (teacher forcing): what
-comparing two numeric paths of one model needs (bench/quant_quality.py, the tests)."""
+"""Every position's next-token logits of a text in one prefill pass (teacher forcing), on the
+path serving would prefill it on: what comparing two numeric paths of one model needs
+(bench/quant_quality.py, the tests)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import numpy as np
 import torch
 
 from baton.engine.models.llama import AttentionMetadata
+from baton.engine.native import prompt_steps
 from baton.engine.sampling import SamplingParams
 from baton.engine.sequence import Sequence
+from baton.engine.step_budget import attention_work
 
 
 def prompt_logits(engine, token_ids: list[int]) -> torch.Tensor:
@@ -23,6 +26,11 @@ def prompt_logits(engine, token_ids: list[int]) -> torch.Tensor:
     try:
         bs, dev = runner.block_size, runner.device
         positions = np.arange(n)
+        native = runner.native
+        if native is not None and prompt_steps.runs(native.prompts, n, attention_work(0, n)):
+            # where serving runs such a prompt: the native step, every row's logits
+            tables = np.tile(np.asarray(seq.block_table, dtype=np.int32), (n, 1))
+            return native.step(np.asarray(token_ids, dtype=np.int64), positions, tables, [0, n])
         table = np.asarray(seq.block_table, dtype=np.int64)
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(table[positions // bs] * bs + positions % bs).to(dev),
