@@ -181,13 +181,14 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs, layer_hook=None) -> torch.Tensor | None:
         """Logits [sampled rows, vocab] of one step (None on a tensor-parallel rank > 0)."""
-        if self.native is not None and layer_hook is None:
+        if self.native is not None:
             # the whole step in one native call (see baton.engine.native)
             if inputs.decode_only:
-                return self.native.step(inputs.token_ids, inputs.positions, inputs.decode_tables)
+                return self.native.step(inputs.token_ids, inputs.positions, inputs.decode_tables,
+                                        layer_hook=layer_hook)
             if prompt_steps.runs(self.native.prompts, len(inputs.token_ids), inputs.prompt_attention_work()):
                 return self.native.step(inputs.token_ids, inputs.positions, inputs.row_tables(),
-                                        inputs.prefill_cu_seqlens, inputs.logits_rows)
+                                        inputs.prefill_cu_seqlens, inputs.logits_rows, layer_hook)
         dev = self.device
         return self.model(
             torch.from_numpy(inputs.token_ids).to(dev),

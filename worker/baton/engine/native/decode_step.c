@@ -80,6 +80,8 @@ typedef struct {
      * rank holds vocabulary rows [vocab_start, vocab_start + vocab) of embed and lm_head */
     void (*all_reduce)(float *buffer, int64_t count);
     int vocab_start;
+    /* called after each layer, its K/V in the caches (a prefill worker streams them), or NULL */
+    void (*layer_done)(int layer);
 } Model;
 
 typedef struct { /* scratch, each [rows, width] */

@@ -354,6 +354,7 @@ int FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids, co
         if (status) return status;
         FN(add_rows)(ws->residual, ws->out, width);
         FN(mlp_block)(m, layer, rows, ws);
+        if (m->layer_done) m->layer_done(l);
     }
     FN(add_rows)(ws->residual, ws->out, width);
     for (int i = 0; i < logit_count; i++) /* the sampled rows to the front (each moves down or stays) */

@@ -28,6 +28,8 @@ _voidp = ctypes.c_void_p
 
 # tensor parallelism: the C step calls back to sum a buffer over the ranks
 _ALL_REDUCE = ctypes.CFUNCTYPE(None, _f32p, ctypes.c_int64)
+# a step's layer hook: the C step calls back after each layer
+_LAYER_DONE = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 
 class _Layer(ctypes.Structure):
@@ -52,6 +54,7 @@ class _Model(ctypes.Structure):
         ("lm_head_quant", _voidp),
         ("all_reduce", _ALL_REDUCE),
         ("vocab_start", ctypes.c_int),
+        ("layer_done", _LAYER_DONE),
     ]
 
 
@@ -134,6 +137,9 @@ class NativeDecoder:
         self.comm = comm
         self.full_vocab = self.vocab if comm is None else sum(span.size for span in comm.vocab_spans)
         self._reduce_error: BaseException | None = None
+        self._hook, self._hook_error = None, None
+        self._layer_done = _LAYER_DONE(self._call_hook)
+        self._kv_caches = kv_caches
         self._reduce = _ALL_REDUCE(self._all_reduce) if comm is not None else _ALL_REDUCE()
         self.block_size = kv_caches[0][0].shape[1]
         self.num_blocks = kv_caches[0][0].shape[0]
@@ -175,6 +181,16 @@ class NativeDecoder:
         except BaseException as exc:
             self._reduce_error = exc
 
+    def _call_hook(self, layer: int) -> None:
+        """Called from the C step after each layer: the step's layer hook (an error is kept
+        for step() to raise, later layers' calls skipped, as _all_reduce does)."""
+        if self._hook_error is not None or self._hook is None:
+            return
+        try:
+            self._hook(layer, *self._kv_caches[layer])
+        except BaseException as exc:
+            self._hook_error = exc
+
     @classmethod
     def build(cls, model, kv_caches, device: torch.device, dtype: torch.dtype, comm=None,
               prompt_bf16: bool = False, torch_attention_faster: bool = False) -> NativeDecoder | None:
@@ -210,7 +226,7 @@ class NativeDecoder:
             self._workspace.quant_input = buffer.data_ptr()
 
     def step(self, token_ids: np.ndarray, positions: np.ndarray, tables: np.ndarray,
-             prompt_starts=None, logits_rows: np.ndarray | None = None) -> torch.Tensor | None:
+             prompt_starts=None, logits_rows: np.ndarray | None = None, layer_hook=None) -> torch.Tensor | None:
         """fp32 logits [sampled rows, vocab] of one step; writes every row's K/V. Under tensor
         parallelism: all of the vocabulary on rank 0, None on the others.
 
@@ -219,7 +235,8 @@ class NativeDecoder:
         prompt_starts: the rows of the step's prompt chunks, first (chunk c: rows
         prompt_starts[c] .. prompt_starts[c + 1] - 1, consecutive positions of one sequence,
         every row with its table); None or [0] for a decode-only step. logits_rows: the
-        increasing rows whose logits come back (default: all).
+        increasing rows whose logits come back (default: all). layer_hook(layer, k_cache,
+        v_cache): called after each layer, as the torch path calls it.
         """
         rows = len(token_ids)
         starts = np.ascontiguousarray([0] if prompt_starts is None else prompt_starts, dtype=np.int64)
@@ -240,13 +257,21 @@ class NativeDecoder:
         ws.quant_engine = self.prompts.quant_engine if chunks else prompt_steps.NO_ENGINE
         ws.quant_min_rows = self.prompts.quant_min_rows
         prompts = _Prompts(chunks, starts.ctypes.data, int(self.prompts.bf16_products))
-        status = self._step(
-            ctypes.byref(self._model), ctypes.c_int(rows),
-            token_ids.ctypes.data_as(ctypes.c_void_p), positions.ctypes.data_as(ctypes.c_void_p),
-            tables.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(tables.shape[1]), ctypes.byref(prompts),
-            wanted.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(len(wanted)), ctypes.byref(ws),
-            ctypes.c_void_p(logits.data_ptr()),
-        )
+        self._hook, self._hook_error = layer_hook, None
+        self._model.layer_done = self._layer_done if layer_hook is not None else _LAYER_DONE()
+        try:
+            status = self._step(
+                ctypes.byref(self._model), ctypes.c_int(rows),
+                token_ids.ctypes.data_as(ctypes.c_void_p), positions.ctypes.data_as(ctypes.c_void_p),
+                tables.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(tables.shape[1]), ctypes.byref(prompts),
+                wanted.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(len(wanted)), ctypes.byref(ws),
+                ctypes.c_void_p(logits.data_ptr()),
+            )
+        finally:
+            self._hook = None
+        if self._hook_error is not None:
+            error, self._hook_error = self._hook_error, None
+            raise error
         if status == -2:
             raise MemoryError("native step: no memory for a prompt chunk's context")
         if status != 0:
