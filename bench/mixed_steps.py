@@ -75,7 +75,7 @@ def main() -> None:
             best["native"] = min(best["native"], timed(b, True))
             best["torch"] = min(best["torch"], timed(b, False))
         inputs, _ = StepInputs.from_batch(b, block)
-        on_native = not prompt or prompt_steps.runs(native.prompts, len(inputs.token_ids), inputs.prompt_attention_work())
+        on_native = not prompt or prompt_steps.runs(native.prompts, len(inputs.token_ids), inputs.prompt_rows_by_context())
         row = {"decodes": decodes, "prompt_tokens": prompt, "native_step_ran": on_native,
                "native_ms": round(best["native"] * 1e3, 2),
                "torch_ms": round(best["torch"] * 1e3, 2), "torch_over_native": round(best["torch"] / best["native"], 2)}

@@ -186,7 +186,7 @@ class ModelRunner:
             if inputs.decode_only:
                 return self.native.step(inputs.token_ids, inputs.positions, inputs.decode_tables,
                                         layer_hook=layer_hook)
-            if prompt_steps.runs(self.native.prompts, len(inputs.token_ids), inputs.prompt_attention_work()):
+            if prompt_steps.runs(self.native.prompts, len(inputs.token_ids), inputs.prompt_rows_by_context()):
                 return self.native.step(inputs.token_ids, inputs.positions, inputs.row_tables(),
                                         inputs.prefill_cu_seqlens, inputs.logits_rows, layer_hook)
         dev = self.device

@@ -11,7 +11,6 @@ from baton.engine.models.llama import AttentionMetadata
 from baton.engine.native import prompt_steps
 from baton.engine.sampling import SamplingParams
 from baton.engine.sequence import Sequence
-from baton.engine.step_budget import attention_work
 
 
 def prompt_logits(engine, token_ids: list[int]) -> torch.Tensor:
@@ -27,7 +26,7 @@ def prompt_logits(engine, token_ids: list[int]) -> torch.Tensor:
         bs, dev = runner.block_size, runner.device
         positions = np.arange(n)
         native = runner.native
-        if native is not None and prompt_steps.runs(native.prompts, n, attention_work(0, n)):
+        if native is not None and prompt_steps.runs(native.prompts, n, n * n):
             # where serving runs such a prompt: the native step, every row's logits
             tables = np.tile(np.asarray(seq.block_table, dtype=np.int32), (n, 1))
             return native.step(np.asarray(token_ids, dtype=np.int64), positions, tables, [0, n])

@@ -87,8 +87,8 @@ class StepInputs:
         )
         return inputs, sampling
 
-    def prompt_attention_work(self) -> int:
-        """The prompt chunks' rows x context, summed: what their attention costs."""
+    def prompt_rows_by_context(self) -> int:
+        """Each prompt chunk's rows x its context, summed (prompt_steps.runs' measure)."""
         rows = np.diff(np.asarray(self.prefill_cu_seqlens))
         return int(np.dot(rows, np.asarray(self.prefill_context_lens, dtype=np.int64))) if len(rows) else 0
 

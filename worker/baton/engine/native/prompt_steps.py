@@ -73,7 +73,7 @@ def plan(takes_prompts: bool, attention_unsupported: str | None, dense: DensePro
                        f"dequantized tiles), {attention}")
 
 
-def runs(steps: PromptSteps, rows: int, attention_work: int) -> bool:
-    """Whether a step with prompt tokens of `rows` rows and `attention_work` (its chunks'
-    rows x context) runs on the native step."""
-    return rows < steps.max_rows and attention_work <= steps.max_attention_work
+def runs(steps: PromptSteps, rows: int, rows_by_context: int) -> bool:
+    """Whether a step with prompt tokens of `rows` rows runs on the native step;
+    `rows_by_context`: each chunk's rows x its context, summed."""
+    return rows < steps.max_rows and rows_by_context <= steps.max_attention_work
