@@ -142,6 +142,35 @@ static void exp_in_place(float *x, int n) {
 
 #include "prompt_attention.h"
 
+/* The largest of a block's n scores (a full block on two AVX-512 registers). */
+static inline float block_row_max(const float *p, int n) {
+#if defined(__AVX512F__) && ATTENTION_TOKENS == 32
+    if (n == ATTENTION_TOKENS) return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16)));
+#endif
+    float best = p[0];
+    for (int t = 1; t < n; t++) best = p[t] > best ? p[t] : best;
+    return best;
+}
+
+/* p[t] <- e^(p[t] - shift) for a block's n scores, each added to *total (a full block on two
+ * AVX-512 registers, prompt_exp being exp_in_place's formula, and its sum added once). */
+static inline void exp_shifted_into(float *p, int n, float shift, float *total) {
+#if defined(__AVX512F__) && ATTENTION_TOKENS == 32
+    if (n == ATTENTION_TOKENS) {
+        const __m512 top = _mm512_set1_ps(shift);
+        const __m512 e0 = prompt_exp(_mm512_sub_ps(_mm512_loadu_ps(p), top));
+        const __m512 e1 = prompt_exp(_mm512_sub_ps(_mm512_loadu_ps(p + 16), top));
+        _mm512_storeu_ps(p, e0);
+        _mm512_storeu_ps(p + 16, e1);
+        *total += _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+        return;
+    }
+#endif
+    for (int t = 0; t < n; t++) p[t] -= shift;
+    exp_in_place(p, n);
+    for (int t = 0; t < n; t++) *total += p[t];
+}
+
 /* out = silu(gate) * up over one row of float32, silu(x) = x / (1 + e^-x) as torch computes
  * it; e^-x by prompt_exp (about one ulp from the exact value, as torch's vectorized exp is)
  * where the CPU has AVX-512. */

@@ -158,35 +158,14 @@ static void FN(attend_group)(const float *q, int heads, const KV_ELEM *k_cache, 
         const int64_t *rows = located[block]; /* each token's K/V row offset, for both passes */
         FN(block_scores)(q, heads, k_cache, rows, n, head_dim, scale, p);
         for (int g = 0; g < heads; g++) {
-#if defined(__AVX512F__) && ATTENTION_TOKENS == 32
-            if (n == ATTENTION_TOKENS) { /* a full block: the same steps on two registers */
-                const __m512 p0 = _mm512_loadu_ps(p[g]), p1 = _mm512_loadu_ps(p[g] + 16);
-                const float block_max = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));
-                if (block_max > running_max[g]) {
-                    const float rescale = expf(running_max[g] - block_max); /* 0 on the first block */
-                    denominator[g] *= rescale;
-                    for (int d = 0; d < head_dim; d++) out[g * head_dim + d] *= rescale;
-                    running_max[g] = block_max;
-                }
-                const __m512 top = _mm512_set1_ps(running_max[g]);
-                const __m512 e0 = prompt_exp(_mm512_sub_ps(p0, top)), e1 = prompt_exp(_mm512_sub_ps(p1, top));
-                _mm512_storeu_ps(p[g], e0);
-                _mm512_storeu_ps(p[g] + 16, e1);
-                denominator[g] += _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
-                continue;
-            }
-#endif
-            float block_max = p[g][0];
-            for (int t = 1; t < n; t++) block_max = p[g][t] > block_max ? p[g][t] : block_max;
+            const float block_max = block_row_max(p[g], n);
             if (block_max > running_max[g]) {
                 const float rescale = expf(running_max[g] - block_max); /* 0 on the first block */
                 denominator[g] *= rescale;
                 for (int d = 0; d < head_dim; d++) out[g * head_dim + d] *= rescale;
                 running_max[g] = block_max;
             }
-            for (int t = 0; t < n; t++) p[g][t] -= running_max[g];
-            exp_in_place(p[g], n);
-            for (int t = 0; t < n; t++) denominator[g] += p[g][t];
+            exp_shifted_into(p[g], n, running_max[g], &denominator[g]);
         }
         FN(block_values)(p, heads, v_cache, rows, n, head_dim, out);
     }

@@ -3,8 +3,9 @@
 `NativeDecoder.build(model, kv_caches)` binds the model's weights and caches once (the
 pointers stay valid: weights never move and a reshard rebinds); `step()` then runs every
 layer of a step in one call: its decodes, and the prompt chunks beside them where
-`prompts` (native/prompt_steps.py) allows. The torch path stays the reference and handles
-every other step (layer hooks, other dtypes and devices).
+`prompts` (native/prompt_steps.py) allows, calling a step's layer hook after each layer.
+The torch path stays the reference and handles every other step (other dtypes and devices,
+the prompt steps `prompts` leaves to it).
 """
 
 from __future__ import annotations

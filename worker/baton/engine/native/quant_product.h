@@ -69,8 +69,7 @@ static void quantize_input(const float *x, int rows, int k, const QuantInput *in
         in->d[blk] = d;
         in->sums[blk] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
     }
-    return;
-#endif
+#else
     for (int64_t blk = 0; blk < (int64_t)rows * nb; blk++) {
         const float *v = x + blk * QUANT_BLOCK;
         float amax = 0.0f;
@@ -87,6 +86,7 @@ static void quantize_input(const float *x, int rows, int k, const QuantInput *in
         in->d[blk] = d;
         in->sums[blk] = sum;
     }
+#endif
 }
 
 typedef struct { /* where a matrix's groups of 16 weight rows and its output columns start, part by part */
