@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from baton.engine.models.llama import AttentionMetadata
-from baton.engine.native import prompt_steps
 from baton.engine.sampling import SamplingParams
+from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
+from baton.engine.step_inputs import StepInputs
 
 
 def prompt_logits(engine, token_ids: list[int]) -> torch.Tensor:
@@ -23,21 +23,10 @@ def prompt_logits(engine, token_ids: list[int]) -> torch.Tensor:
     seq = Sequence("score", list(token_ids), SamplingParams(max_tokens=1))
     engine.blocks.allocate(seq, n)
     try:
-        bs, dev = runner.block_size, runner.device
-        positions = np.arange(n)
-        native = runner.native
-        if native is not None and prompt_steps.runs(native.prompts, n, n * n):
-            # where serving runs such a prompt: the native step, every row's logits
-            tables = np.tile(np.asarray(seq.block_table, dtype=np.int32), (n, 1))
-            return native.step(np.asarray(token_ids, dtype=np.int64), positions, tables, [0, n])
-        table = np.asarray(seq.block_table, dtype=np.int64)
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(table[positions // bs] * bs + positions % bs).to(dev),
-            num_prefill_tokens=n, prefill_cu_seqlens=[0, n], prefill_context_lens=[n],
-            prefill_block_tables=torch.tensor([seq.block_table], dtype=torch.int32, device=dev),
-            decode_block_tables=None, decode_context_lens=None)
-        ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
-        return runner.model(ids, torch.from_numpy(positions).to(dev), meta, runner.kv_caches,
-                            torch.arange(n, device=dev)).float().cpu()
+        # one prompt step as the engine would run it (the runner picks the native step or
+        # torch's path), every row's logits kept
+        inputs, _ = StepInputs.from_batch(ScheduledBatch(prefills=[(seq, n)]), runner.block_size)
+        inputs.logits_rows = np.arange(n, dtype=np.int64)
+        return runner.execute(inputs).float().cpu()
     finally:
         engine.blocks.free_sequence(seq)
