@@ -1,6 +1,6 @@
 """Prompt attention on each CPU path, by chunk and context: torch's (its flash attention, in
 float32 and in bf16) against the native kernel (native/prompt_attention.h, float32 products
-and, with AVX512-BF16, bf16 ones), on SmolLM2's heads (9 query, 3 KV, size 64), the KV cache
+and, with AVX512-BF16, bf16 ones on VDPBF16PS and, with AMX, on tiles), on SmolLM2's heads (9 query, 3 KV, size 64), the KV cache
 in bf16 as `auto` keeps it. Each cell is one layer's attention, best of `--repeats`, the
 paths taking turns so drift hits each alike. This is what native/prompt_attention.py's
 `choose` is decided from, per CPU vendor.
@@ -48,8 +48,9 @@ def main() -> None:
     paths = {"torch_fp32": ref.paged_prefill_attention, "torch_bf16": in_bf16.paged_prefill_attention}
     if unsupported is None:
         paths["native_fp32"] = native.paged_prefill_attention_op(lib, False)
-        if native.takes_bf16(lib):
-            paths["native_bf16"] = native.paged_prefill_attention_op(lib, True)
+        for engine in ("avx512", "amx"):  # VDPBF16PS, and AMX tiles where the CPU has them
+            if native.takes_bf16(lib, engine):
+                paths[f"native_bf16_{engine}"] = native.paged_prefill_attention_op(lib, True, engine)
 
     table: dict[str, dict[str, float]] = {name: {} for name in paths}
     for rows, ctx in SHAPES:

@@ -50,22 +50,39 @@ def test_matches_causal_attention(lib, kv_dtype, n, ctx, hq, hkv, d):
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("engine", ["avx512", "amx"])
 @pytest.mark.parametrize("n, ctx, hq, hkv, d", [
-    (5, 5, 9, 3, 64), (40, 100, 9, 3, 64), (33, 33, 8, 8, 128), (3, 35, 2, 1, 16),  # an odd last key pair
+    (5, 5, 9, 3, 64), (40, 100, 9, 3, 64), (33, 33, 8, 8, 128), (3, 35, 2, 1, 32),  # an odd last key pair
+    (70, 70, 9, 3, 64),  # 210 rows of one KV head: tasks of 63, the last tile of 16 part empty
 ])
-def test_bf16_products_are_as_close_as_torchs_bf16_attention(lib, n, ctx, hq, hkv, d):
-    if not native.takes_bf16(lib):
-        pytest.skip("this library has no AVX512-BF16 (the CPU lacks avx512_bf16)")
+def test_bf16_products_are_as_close_as_torchs_bf16_attention(lib, engine, n, ctx, hq, hkv, d):
+    if not native.takes_bf16(lib, engine):
+        pytest.skip(f"this library or CPU has no bf16 products on {engine}")
     g = _gen(n + ctx)
     q = 3 * torch.randn(n, hq, d, generator=g)
     k, v = (torch.randn(ctx, hkv, d, generator=g).bfloat16() for _ in range(2))
-    got = native.attend(lib, q, k, v, d**-0.5, bf16=True)
+    got = native.attend(lib, q, k, v, d**-0.5, bf16=True, engine=engine)
     want = _dense_attention(q.bfloat16().float(), k.float(), v.float(), d**-0.5, _causal_tail(n, ctx))
     # the probabilities rounded to bf16 before the values' sums, as torch's bf16 attention
     # rounds them (which also rounds its output: ~8e-3 here)
     torch.testing.assert_close(got.double(), want, atol=6e-3, rtol=1e-2)
     assert (got.double() - want).abs().mean() < 1e-3
-    assert torch.equal(native.attend(lib, q[-1:], k, v, d**-0.5, bf16=True)[0], got[-1])
+    assert torch.equal(native.attend(lib, q[-1:], k, v, d**-0.5, bf16=True, engine=engine)[0], got[-1])
+
+
+def test_amx_tiles_take_head_sizes_of_32s_and_any_falls_back_to_dot_products(lib):
+    if not native.takes_bf16(lib, "amx"):
+        pytest.skip("no AMX tiles here (the CPU lacks them, or the OS did not grant them)")
+    g = _gen(11)
+    q, k, v = torch.randn(20, 4, 48, generator=g), *(torch.randn(20, 2, 48, generator=g).bfloat16() for _ in range(2))
+    assert native.attend(lib, q, k, v, 0.2, bf16=True, engine="amx") is None  # 48: not a multiple of 32
+    assert not native.on_tiles(lib, 48) and native.on_tiles(lib, 64)
+    assert torch.equal(native.attend(lib, q, k, v, 0.2, bf16=True),  # "any": VDPBF16PS for this head
+                       native.attend(lib, q, k, v, 0.2, bf16=True, engine="avx512"))
+    q, k, v = torch.randn(20, 4, 64, generator=g), *(torch.randn(20, 2, 64, generator=g).bfloat16() for _ in range(2))
+    tiles, dots = (native.attend(lib, q, k, v, 0.2, bf16=True, engine=e) for e in ("amx", "avx512"))
+    assert torch.equal(native.attend(lib, q, k, v, 0.2, bf16=True), tiles)  # "any": the tiles
+    torch.testing.assert_close(tiles, dots, atol=2e-3, rtol=1e-2)  # the same roundings, other sum orders
 
 
 def test_a_rows_result_does_not_depend_on_its_chunk(lib):
@@ -119,21 +136,23 @@ def test_the_paged_op_is_refs_twin(lib, cache_dtype):
 AMD, INTEL = "AuthenticAMD", "GenuineIntel"
 
 
-@pytest.mark.parametrize("vendor, flags, dtype, unsupported, setting, native_wanted", [
-    (AMD, {"avx512f", "avx512_bf16"}, torch.bfloat16, None, "", True),  # MKL's generic sgemm under torch's
-    (AMD, {"avx512f"}, torch.float32, None, "", True),
-    (INTEL, {"avx512f", "amx_bf16", "amx_tile"}, torch.bfloat16, None, "", False),  # torch's bf16 on AMX tiles
-    (INTEL, {"avx512f"}, torch.float32, None, "", True),  # MKL's AVX-512 sgemm: 1.0-1.4x slower on a Xeon
-    (INTEL, {"avx512f", "avx512_bf16"}, torch.bfloat16, None, "", False),  # torch's bf16: not measured against
-    (INTEL, {"avx512f"}, torch.float32, None, "1", True),  # asked for
-    ("", {"avx512f"}, torch.float32, None, "", False),  # an unknown vendor
-    (AMD, {"avx2"}, torch.float32, "no AVX-512, or a shape it does not take", "", False),
-    (AMD, {"avx512f"}, torch.float32, None, "0", False),
+@pytest.mark.parametrize("vendor, flags, dtype, unsupported, setting, native_wanted, tiles", [
+    (AMD, {"avx512f", "avx512_bf16"}, torch.bfloat16, None, "", True, False),  # MKL's generic sgemm under torch's
+    (AMD, {"avx512f"}, torch.float32, None, "", True, False),
+    # torch's bf16 on AMX tiles, unless the kernel's bf16 products run on them too
+    (INTEL, {"avx512f", "amx_bf16", "amx_tile"}, torch.bfloat16, None, "", False, False),
+    (INTEL, {"avx512f", "amx_bf16", "amx_tile"}, torch.bfloat16, None, "", True, True),
+    (INTEL, {"avx512f"}, torch.float32, None, "", True, False),  # MKL's AVX-512 sgemm: 1.0-1.4x slower on a Xeon
+    (INTEL, {"avx512f", "avx512_bf16"}, torch.bfloat16, None, "", False, False),  # torch's bf16: not measured against
+    (INTEL, {"avx512f"}, torch.float32, None, "1", True, False),  # asked for
+    ("", {"avx512f"}, torch.float32, None, "", False, False),  # an unknown vendor
+    (AMD, {"avx2"}, torch.float32, "no AVX-512, or a shape it does not take", "", False, False),
+    (AMD, {"avx512f"}, torch.float32, None, "0", False, True),
 ])
 def test_the_engine_chooses_it_where_it_was_measured_the_faster(vendor, flags, dtype, unsupported, setting,
-                                                                  native_wanted):
+                                                                  native_wanted, tiles):
     cpu = CpuInfo("a CPU", "x86_64", frozenset(flags), vendor)
-    chosen, why = native.choose(cpu, dtype, unsupported, setting)
+    chosen, why = native.choose(cpu, dtype, unsupported, setting, tiles)
     assert chosen == native_wanted and why
     if unsupported:
         assert why == unsupported

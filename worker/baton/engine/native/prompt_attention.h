@@ -11,11 +11,19 @@
  * `bf16_products`, as VDPBF16PS on bf16 pairs (the query, keys, values and probabilities
  * rounded to bf16, as torch's bf16 attention rounds them); sums in float32 either way. A
  * row sees the keys up to its own position; rows are independent of each other.
- * Included by decode_step.c (after exp_in_place).
+ * Where the CPU has AMX tiles (and the OS grants them), bf16 products run on the tiles
+ * instead, 16 rows at a time (prompt_attention_task_amx): the same roundings, each row's
+ * sums in the tiles' order.
+ * Included by decode_step.c (after exp_in_place and quant_product.h's AMX helpers).
  */
 #define PROMPT_TASK_ROWS 64 /* query rows a task holds: (chunk rows) x (query heads of one KV head) */
 #define PROMPT_GROUP 8       /* rows multiplied together */
 #define PROMPT_MAX_DIM 128
+/* `bf16_products`: which products (baton_prompt_attention's argument) */
+#define PROMPT_FLOAT32 0
+#define PROMPT_BF16_ANY 1    /* AMX tiles where they run this head size, else VDPBF16PS */
+#define PROMPT_BF16_AVX512 2 /* VDPBF16PS */
+#define PROMPT_BF16_AMX 3    /* AMX tiles (head size a multiple of 32) */
 
 #if defined(__AVX512F__)
 #include <stdlib.h>
@@ -51,6 +59,37 @@ static inline __m512 prompt_exp(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
+/* One row's online softmax over a key block: its scores s0 (keys 0-15) and s1 (16-31), of
+ * which it sees the first `valid` (>= 1), into probabilities e0, e1 (zero past valid); its
+ * running maximum and sum updated, and its value sums acc (chunks x 16) shrunk where the
+ * maximum rose. */
+static inline void prompt_softmax_row(__m512 s0, __m512 s1, int valid, float *best, float *total, float *acc,
+                                      int chunks, __m512 *e0, __m512 *e1) {
+    const __mmask16 m0 = (__mmask16)(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
+    const __mmask16 m1 = (__mmask16)(valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (1u << (valid - 16)) - 1);
+    const float high = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m0, s0),
+                                                          _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m1, s1)));
+    const float top = high > *best ? high : *best;
+    const __m512 shift = _mm512_set1_ps(top);
+    *e0 = _mm512_maskz_mov_ps(m0, prompt_exp(_mm512_sub_ps(s0, shift)));
+    *e1 = _mm512_maskz_mov_ps(m1, prompt_exp(_mm512_sub_ps(s1, shift)));
+    const float sum = _mm512_reduce_add_ps(_mm512_add_ps(*e0, *e1));
+    if (top != *best) { /* a new maximum: what was summed so far shrinks */
+        const float keep = *best == -INFINITY ? 0.0f : expf(*best - top);
+        *total *= keep;
+        const __m512 factor = _mm512_set1_ps(keep);
+        for (int c = 0; c < chunks; c++) _mm512_store_ps(acc + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + 16 * c), factor));
+        *best = top;
+    }
+    *total += sum;
+}
+
+/* The keys a row of chunk row `r` sees in the block from key kb (nk keys there). */
+static inline int prompt_keys_seen(int64_t first, int r, int64_t kb, int nk) {
+    const int64_t seen = first + r - kb + 1;
+    return seen <= 0 ? 0 : seen < nk ? (int)seen : nk;
+}
+
 typedef struct {
     const float *q;
     int64_t q_stride; /* floats from one query row to the next (num_heads * dim when packed) */
@@ -62,7 +101,8 @@ typedef struct {
     int kv_bf16, n, ctx, num_heads, num_kv_heads, dim;
     float scale;
     float *out;
-    int bf16_products; /* VDPBF16PS on bf16 queries, keys, values and probabilities */
+    int bf16_products; /* PROMPT_*: bf16 queries, keys, values and probabilities, on VDPBF16PS or tiles */
+    int amx;           /* bf16 products on AMX tiles (set by prompt_attention_run) */
     /* the context laid out once for every task, zero past ctx, per KV head and block of 32
      * keys: in float32 the keys transposed ([dim][32]) and the values as rows ([32][dim]);
      * in bf16 pairs for VDPBF16PS, the keys' along the head dimension ([dim / 2][32][2])
@@ -189,21 +229,14 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
             }
             for (int i = 0; i < count; i++) {
                 const int t = g + i;
-                const int64_t seen = first + t % rows - kb + 1; /* keys of this block the row sees */
-                const int valid = seen <= 0 ? 0 : seen < nk ? (int)seen : nk;
-                const __mmask16 m0 = (__mmask16)(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
-                const __mmask16 m1 = (__mmask16)(valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (1u << (valid - 16)) - 1);
+                const int valid = prompt_keys_seen(first, t % rows, kb, nk);
                 if (!valid) {
                     if (a->bf16_products) memset(pp[t], 0, sizeof pp[t]);
                     else memset(p[t], 0, sizeof p[t]);
                     continue;
                 }
-                const float high = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m0, s[i][0]),
-                                                                      _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m1, s[i][1])));
-                const float top = high > best[t] ? high : best[t];
-                const __m512 shift = _mm512_set1_ps(top);
-                const __m512 e0 = _mm512_maskz_mov_ps(m0, prompt_exp(_mm512_sub_ps(s[i][0], shift)));
-                const __m512 e1 = _mm512_maskz_mov_ps(m1, prompt_exp(_mm512_sub_ps(s[i][1], shift)));
+                __m512 e0, e1;
+                prompt_softmax_row(s[i][0], s[i][1], valid, &best[t], &total[t], acc[t], chunks, &e0, &e1);
                 if (a->bf16_products) { /* pair jp: keys 2jp, 2jp + 1 */
 #if defined(__AVX512BF16__)
                     _mm512_store_si512(pp[t], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
@@ -212,16 +245,6 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
                     _mm512_store_ps(p[t], e0);
                     _mm512_store_ps(p[t] + 16, e1);
                 }
-                const float sum = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
-                if (top != best[t]) { /* a new maximum: what was summed so far shrinks */
-                    const float keep = best[t] == -INFINITY ? 0.0f : expf(best[t] - top);
-                    total[t] *= keep;
-                    const __m512 factor = _mm512_set1_ps(keep);
-                    for (int c = 0; c < chunks; c++)
-                        _mm512_store_ps(acc[t] + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[t] + 16 * c), factor));
-                    best[t] = top;
-                }
-                total[t] += sum;
             }
             for (int c = 0; c < chunks; c++) {
                 __m512 o[PROMPT_GROUP];
@@ -253,6 +276,93 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define PROMPT_TILE_ROWS 16 /* task rows a tile holds */
+
+/* prompt_attention_task's bf16 products on AMX tiles (configured 16 rows x 64 bytes each, as
+ * quant_amx.h's amx_configure does), 16 task rows at a time. Scores: tiles 0-1 (keys 0-15,
+ * 16-31) from the query rows (tile 2, 32 of a head's values a pass) and the laid-out keys
+ * (tiles 3-4, the same [dim / 2][32][2] pairs as VDPBF16PS reads). Sums of values: the
+ * probabilities (tile 2) times 16 of the head's values (tile 3) into tile 5, added to the
+ * rows' float32 sums, where the softmax shrank them. A tile's products are each row's
+ * own, so a row's result does not depend on its chunk; rows past the task's are zero
+ * queries whose results are dropped. Head size a multiple of 32. */
+static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0, int rows) {
+    uint16_t qb[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64))); /* bf16 query rows */
+    float acc[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    float s[PROMPT_TILE_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64)));
+    uint16_t pb[PROMPT_TILE_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64))); /* bf16 probabilities */
+    float pv[PROMPT_TILE_ROWS][16] __attribute__((aligned(64)));
+    float best[PROMPT_TASK_ROWS], total[PROMPT_TASK_ROWS];
+    const int dim = a->dim, group = a->num_heads / a->num_kv_heads, chunks = dim / 16, all = group * rows;
+    const int tiles = (all + PROMPT_TILE_ROWS - 1) / PROMPT_TILE_ROWS;
+    const int64_t first = (int64_t)a->ctx - a->n + r0, last = first + rows - 1;
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    for (int t = 0; t < tiles * PROMPT_TILE_ROWS; t++) {
+        if (t < all) {
+            const int h = kvh * group + t / rows, r = t % rows;
+            const float *row = a->q + (int64_t)(r0 + r) * a->q_stride + (int64_t)h * dim;
+            for (int d = 0; d < dim; d++) qb[t][d] = f32_to_bf16(row[d]); /* the scores scaled after */
+        } else {
+            memset(qb[t], 0, sizeof(uint16_t) * dim);
+        }
+        memset(acc[t], 0, sizeof(float) * dim);
+        best[t] = -INFINITY;
+        total[t] = 0.0f;
+    }
+    for (int tile = 0; tile < tiles; tile++) {
+        const int t0 = tile * PROMPT_TILE_ROWS, count = all - t0 < PROMPT_TILE_ROWS ? all - t0 : PROMPT_TILE_ROWS;
+        memset(pb, 0, sizeof pb); /* rows past count stay zero */
+        for (int64_t kb = 0; kb <= last; kb += ATTENTION_TOKENS) {
+            const int nk = last + 1 - kb < ATTENTION_TOKENS ? (int)(last + 1 - kb) : ATTENTION_TOKENS;
+            const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
+            const uint16_t *keys = (const uint16_t *)a->keys + at, *values = (const uint16_t *)a->values + at;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int part = 0; part < dim / 32; part++) { /* 16 pairs of the head's values a pass */
+                const uint16_t *pairs = keys + (int64_t)part * 16 * 2 * ATTENTION_TOKENS;
+                _tile_loadd(2, qb[t0] + 32 * part, PROMPT_MAX_DIM * 2);
+                _tile_loadd(3, pairs, 4 * ATTENTION_TOKENS);
+                _tile_loadd(4, pairs + 32, 4 * ATTENTION_TOKENS);
+                _tile_dpbf16ps(0, 2, 3);
+                _tile_dpbf16ps(1, 2, 4);
+            }
+            _tile_stored(0, s[0], 4 * ATTENTION_TOKENS);
+            _tile_stored(1, s[0] + 16, 4 * ATTENTION_TOKENS);
+            for (int i = 0; i < count; i++) {
+                const int t = t0 + i, valid = prompt_keys_seen(first, t % rows, kb, nk);
+                if (!valid) {
+                    memset(pb[i], 0, sizeof pb[i]);
+                    continue;
+                }
+                __m512 e0, e1;
+                prompt_softmax_row(_mm512_mul_ps(_mm512_load_ps(s[i]), scale), _mm512_mul_ps(_mm512_load_ps(s[i] + 16), scale),
+                                   valid, &best[t], &total[t], acc[t], chunks, &e0, &e1);
+                _mm512_store_si512(pb[i], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+            }
+            _tile_loadd(2, pb[0], 2 * ATTENTION_TOKENS);
+            for (int c = 0; c < chunks; c++) { /* values 16c..16c + 15 of every key pair */
+                _tile_zero(5);
+                _tile_loadd(3, values + 32 * c, 4 * dim);
+                _tile_dpbf16ps(5, 2, 3);
+                _tile_stored(5, pv[0], 64);
+                for (int i = 0; i < count; i++)
+                    _mm512_store_ps(acc[t0 + i] + 16 * c, _mm512_add_ps(_mm512_load_ps(acc[t0 + i] + 16 * c), _mm512_load_ps(pv[i])));
+            }
+        }
+    }
+    for (int t = 0; t < all; t++) {
+        const int h = kvh * group + t / rows, r = t % rows;
+        float *o = a->out + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
+        for (int d = 0; d < dim; d++) o[d] = acc[t][d] / total[t];
+    }
+}
+#else
+static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0, int rows) {
+    (void)a, (void)kvh, (void)r0, (void)rows;
+}
+#endif
+
 /* Runs a filled PromptAttention (its keys and values laid out here): 0, -1 for a shape the
  * kernel does not take (dim a multiple of 16 up to PROMPT_MAX_DIM, query heads a multiple
  * of the KV heads and at most PROMPT_TASK_ROWS of them to one, 1 <= n <= ctx), -2 out of
@@ -262,9 +372,13 @@ static int prompt_attention_run(PromptAttention *a) {
     if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > a->ctx)
         return -1;
+    if (a->bf16_products < PROMPT_FLOAT32 || a->bf16_products > PROMPT_BF16_AMX) return -1;
 #if !defined(__AVX512BF16__)
     if (a->bf16_products) return -1;
 #endif
+    const int tiles_fit = dim % 32 == 0 && amx_permission();
+    if (a->bf16_products == PROMPT_BF16_AMX && !tiles_fit) return -1;
+    a->amx = tiles_fit && (a->bf16_products == PROMPT_BF16_AMX || a->bf16_products == PROMPT_BF16_ANY);
     a->blocks = ((int64_t)a->ctx + ATTENTION_TOKENS - 1) / ATTENTION_TOKENS;
     const size_t bytes = (size_t)num_kv_heads * a->blocks * ATTENTION_TOKENS * dim * (a->bf16_products ? 2 : 4);
     a->keys = aligned_alloc(64, bytes);
@@ -289,11 +403,16 @@ static int prompt_attention_run(PromptAttention *a) {
 #endif
                 prompt_widen_block(a, kvh, b);
             }
+        if (a->amx) amx_configure(); /* per thread */
         /* later row blocks see more keys: dynamic scheduling evens the threads out */
 #pragma omp for collapse(2) schedule(dynamic)
         for (int kvh = 0; kvh < num_kv_heads; kvh++)
-            for (int b = 0; b < blocks; b++)
-                prompt_attention_task(a, kvh, b * rows, n - b * rows < rows ? n - b * rows : rows);
+            for (int b = 0; b < blocks; b++) {
+                const int count = n - b * rows < rows ? n - b * rows : rows;
+                if (a->amx) prompt_attention_task_amx(a, kvh, b * rows, count);
+                else prompt_attention_task(a, kvh, b * rows, count);
+            }
+        if (a->amx) amx_release();
     }
     free(a->keys);
     free(a->values);
@@ -307,7 +426,7 @@ static int prompt_attention_run(PromptAttention *a) {
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
                            int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
     PromptAttention a = {q, (int64_t)num_heads * dim, k, v, NULL, 0, kv_bf16, n, ctx, num_heads, num_kv_heads, dim,
-                         scale, out, bf16_products, NULL, NULL, 0};
+                         scale, out, bf16_products, 0, NULL, NULL, 0};
     return prompt_attention_run(&a);
 }
 
@@ -318,7 +437,7 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
                                   int kv_bf16, const int32_t *table, int block_size, int n, int ctx, int num_heads,
                                   int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
     PromptAttention a = {q, q_stride, k_cache, v_cache, table, block_size, kv_bf16, n, ctx, num_heads,
-                         num_kv_heads, dim, scale, out, bf16_products, NULL, NULL, 0};
+                         num_kv_heads, dim, scale, out, bf16_products, 0, NULL, NULL, 0};
     return prompt_attention_run(&a);
 }
 

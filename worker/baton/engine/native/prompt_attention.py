@@ -28,34 +28,47 @@ def supported(lib: ctypes.CDLL | None, num_heads: int, num_kv_heads: int, head_d
     return None
 
 
-def takes_bf16(lib: ctypes.CDLL) -> bool:
-    """Whether the library multiplies bf16 here (built with AVX512-BF16)."""
-    one = torch.zeros(1, 1, 16)
-    return attend(lib, one, one.bfloat16(), one.bfloat16(), 1.0, bf16=True) is not None
+# prompt_attention.h's `bf16_products`: the fastest bf16 engine here, or one of them
+BF16_ENGINES = {"any": 1, "avx512": 2, "amx": 3}
+
+
+def takes_bf16(lib: ctypes.CDLL, engine: str = "any") -> bool:
+    """Whether the library multiplies bf16 here on `engine` (any: built with AVX512-BF16;
+    amx: and the CPU has AMX tiles the OS grants, for head sizes that are multiples of 32)."""
+    one = torch.zeros(1, 1, 32)
+    return attend(lib, one, one.bfloat16(), one.bfloat16(), 1.0, bf16=True, engine=engine) is not None
+
+
+def on_tiles(lib: ctypes.CDLL | None, head_dim: int) -> bool:
+    """Whether bf16 products of this head size run on AMX tiles here."""
+    one = torch.zeros(1, 1, head_dim)
+    return lib is not None and attend(lib, one, one.bfloat16(), one.bfloat16(), 1.0, bf16=True,
+                                      engine="amx") is not None
 
 
 def attend(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-           bf16: bool = False) -> torch.Tensor | None:
+           bf16: bool = False, engine: str = "any") -> torch.Tensor | None:
     """Causal attention of q [n, Hq, D] (the last n positions) over k, v [ctx, Hkv, D]:
     [n, Hq, D] float32, or None where the library does not take it (MemoryError where the
     copy of the context it makes could not be allocated). `bf16`: products of bf16 values
     (the query, keys, values and probabilities rounded to bf16, as torch's bf16 attention
-    rounds them) on AVX512-BF16 dot products, sums in float32."""
+    rounds them), sums in float32, on `engine` (BF16_ENGINES: "any" takes AMX tiles where
+    they run this head size, else AVX512-BF16 dot products)."""
     q = q.to(torch.float32).contiguous()
     k, v = k.contiguous(), v.contiguous()
     out = torch.empty(q.shape, dtype=torch.float32)
     status = lib.baton_prompt_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16),
                                         q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], scale,
-                                        out.data_ptr(), int(bf16))
+                                        out.data_ptr(), BF16_ENGINES[engine] if bf16 else 0)
     if status == -2:
         raise MemoryError(f"native prompt attention: no memory to widen a context of {k.shape[0]} tokens")
     return out if status == 0 else None
 
 
-def paged_prefill_attention_op(lib: ctypes.CDLL, bf16: bool = False):
+def paged_prefill_attention_op(lib: ctypes.CDLL, bf16: bool = False, engine: str = "any"):
     """ref.paged_prefill_attention's signature and results (within float32 summation, or
-    bf16 rounding with `bf16`), on the native kernel: each sequence's context gathered from
-    its blocks once."""
+    bf16 rounding with `bf16`, on `engine`), on the native kernel: each sequence's context
+    gathered from its blocks once."""
 
     def paged_prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
         out = torch.empty_like(q)
@@ -68,7 +81,7 @@ def paged_prefill_attention_op(lib: ctypes.CDLL, bf16: bool = False):
                 vb = gather_context(v_cache, block_tables[b], ctx_len)
             if kb.dtype not in (torch.float32, torch.bfloat16):
                 kb, vb = kb.float(), vb.float()
-            result = attend(lib, q[start:end], kb, vb, scale, bf16)
+            result = attend(lib, q[start:end], kb, vb, scale, bf16, engine)
             if result is None:
                 raise RuntimeError(f"native prompt attention refused a chunk of {end - start} rows over {ctx_len}")
             out[start:end] = result.to(q.dtype)
@@ -77,9 +90,11 @@ def paged_prefill_attention_op(lib: ctypes.CDLL, bf16: bool = False):
     return paged_prefill_attention
 
 
-def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, setting: str = "") -> tuple[bool, str]:
+def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, setting: str = "",
+           tiles: bool = False) -> tuple[bool, str]:
     """Whether prompt attention runs natively, and why. `setting`: BATON_NATIVE_PROMPT_ATTENTION
-    ("0" never, "1" wherever the kernel runs, else where it was measured the faster).
+    ("0" never, "1" wherever the kernel runs, else where it was measured the faster);
+    `tiles`: its bf16 products run on AMX tiles here (`on_tiles`).
 
     torch's CPU flash attention multiplies through MKL's sgemm, and MKL takes its generic
     code on AMD CPUs: there this kernel ran 2.0x faster in float32 and 2.96x with bf16
@@ -87,8 +102,12 @@ def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, sett
     Intel CPUs MKL runs its own AVX-512 code, and with AMX torch's bf16 attention multiplies
     on the tiles: on a Xeon with AMX the same chunk took torch 8.4 ms in bf16 against this
     kernel's 17.9 ms (float32) and 25.2 ms (bf16 products), one core
-    (bench/prompt_attention.py), so torch's bf16 stays on Intel CPUs. Where torch's would
-    run in float32 there, this kernel's float32 form was 1.0-1.4x faster on that Xeon."""
+    (bench/prompt_attention.py), so torch's bf16 stays on Intel CPUs without AMX tiles. On
+    the tiles this kernel's bf16 products took 0.63-11.6 ms against torch's bf16 0.74-11.2 ms
+    over the bench's shapes (0.85-1.06x its time), and it lets the native step run whole
+    prompts (native/prompt_steps.py) where torch's attention would have been the faster.
+    Where torch's would run in float32 on an Intel CPU, this kernel's float32 form was
+    1.0-1.4x faster on that Xeon."""
     if setting == "0":
         return False, "BATON_NATIVE_PROMPT_ATTENTION=0"
     if unsupported is not None:
@@ -96,6 +115,8 @@ def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, sett
     if setting == "1":
         return True, "BATON_NATIVE_PROMPT_ATTENTION=1"
     if cpu.vendor == "GenuineIntel" or "amx_bf16" in cpu.flags:
+        if torch_dtype == torch.bfloat16 and tiles:
+            return True, "bf16 products on AMX tiles, as fast as torch's bf16 attention on this Xeon"
         if torch_dtype == torch.bfloat16:
             return False, "torch's bf16 attention on an Intel CPU (AMX tiles or MKL's own code)"
         return True, "torch's float32 attention would go through MKL's sgemm, the slower on an Intel Xeon"
