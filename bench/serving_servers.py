@@ -114,7 +114,8 @@ def remove_dist_alias(venv: Path) -> tuple[Path, Path]:
 
 def vllm_bench_serve(venv: Path, url: str, model: str, tokenizer: Path, load: dict, out: Path,
                      timeout_s: float) -> dict:
-    """One `vllm bench serve` run; its saved result JSON."""
+    """One `vllm bench serve` run; its saved result JSON (with each request's TTFT and gaps
+    between tokens, for reading where a percentile comes from)."""
     import json
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -125,7 +126,7 @@ def vllm_bench_serve(venv: Path, url: str, model: str, tokenizer: Path, load: di
                "--max-concurrency", str(load["max_concurrency"]), "--ignore-eos", "--seed", str(load["seed"]),
                "--num-warmups", str(load["warmups"]), "--percentile-metrics", "ttft,tpot,itl,e2el",
                "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(out.parent),
-               "--result-filename", out.name, "--disable-tqdm"]
+               "--result-filename", out.name, "--save-detailed", "--disable-tqdm"]
     with vllm_dist_alias(venv):
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
