@@ -103,9 +103,10 @@ def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, sett
     on the tiles: on a Xeon with AMX the same chunk took torch 8.4 ms in bf16 against this
     kernel's 17.9 ms (float32) and 25.2 ms (bf16 products), one core
     (bench/prompt_attention.py), so torch's bf16 stays on Intel CPUs without AMX tiles. On
-    the tiles this kernel's bf16 products took 0.63-11.6 ms against torch's bf16 0.74-11.2 ms
-    over the bench's shapes (0.85-1.06x its time), and it lets the native step run whole
-    prompts (native/prompt_steps.py) where torch's attention would have been the faster.
+    the tiles this kernel's bf16 products took 0.58-10.9 ms against torch's bf16 0.71-10.5 ms
+    over the bench's shapes (0.82-1.13x its time, one core; 0.87-1.16x on two), and it lets
+    the native step run whole prompts (native/prompt_steps.py), where torch's attention
+    had kept long chunks on the torch path.
     Where torch's would run in float32 on an Intel CPU, this kernel's float32 form was
     1.0-1.4x faster on that Xeon."""
     if setting == "0":
