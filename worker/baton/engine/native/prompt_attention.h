@@ -276,7 +276,8 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     }
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* the tiles' helpers (amx_permission, amx_configure) exist where quant_bf16.h includes quant_amx.h */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define PROMPT_TILE_ROWS 16 /* task rows a tile holds */
 
 /* prompt_attention_task's bf16 products on AMX tiles (configured 16 rows x 64 bytes each, as
@@ -358,6 +359,11 @@ static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0,
     }
 }
 #else
+#if !(defined(__AVX512BF16__) && defined(__AVX512BW__)) /* no quant_amx.h here, not even its stand-ins */
+static int amx_permission(void) { return 0; }
+static void amx_configure(void) {}
+static void amx_release(void) {}
+#endif
 static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0, int rows) {
     (void)a, (void)kvh, (void)r0, (void)rows;
 }
