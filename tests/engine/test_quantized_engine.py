@@ -124,7 +124,7 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     lib = build.load()
     cfg = engine.model_config
     unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, fast)
-    native, _ = native_attention.choose(this_cpu(), fast, unsupported, "", native_attention.on_tiles(lib, cfg.head_dim))
+    native, _ = native_attention.choose(this_cpu(), fast, unsupported, "", native_attention.takes_bf16(lib, "amx", cfg.head_dim))
     # prompt attention: the native kernel where it is the faster (bf16 products where it
     # multiplies bf16), else torch's in `fast`
     native_dtype = fast if native_attention.takes_bf16(lib) else torch.float32

@@ -76,7 +76,7 @@ def test_amx_tiles_take_head_sizes_of_32s_and_any_falls_back_to_dot_products(lib
     g = _gen(11)
     q, k, v = torch.randn(20, 4, 48, generator=g), *(torch.randn(20, 2, 48, generator=g).bfloat16() for _ in range(2))
     assert native.attend(lib, q, k, v, 0.2, bf16=True, engine="amx") is None  # 48: not a multiple of 32
-    assert not native.on_tiles(lib, 48) and native.on_tiles(lib, 64)
+    assert not native.takes_bf16(lib, "amx", 48) and native.takes_bf16(lib, "amx", 64)
     assert torch.equal(native.attend(lib, q, k, v, 0.2, bf16=True),  # "any": VDPBF16PS for this head
                        native.attend(lib, q, k, v, 0.2, bf16=True, engine="avx512"))
     q, k, v = torch.randn(20, 4, 64, generator=g), *(torch.randn(20, 2, 64, generator=g).bfloat16() for _ in range(2))

@@ -90,7 +90,7 @@ class ModelRunner:
         unsupported = native_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
         native, reason = native_attention.choose(this_cpu(), attention, unsupported,
                                                  os.environ.get("BATON_NATIVE_PROMPT_ATTENTION", ""),
-                                                 native_attention.on_tiles(lib, cfg.head_dim))
+                                                 native_attention.takes_bf16(lib, "amx", cfg.head_dim))
         if native:
             # bf16 products where torch's attention would run in bf16 (as precise as that)
             bf16 = attention == torch.bfloat16 and native_attention.takes_bf16(lib)

@@ -102,7 +102,6 @@ typedef struct {
     float scale;
     float *out;
     int bf16_products; /* PROMPT_*: bf16 queries, keys, values and probabilities, on VDPBF16PS or tiles */
-    int amx;           /* bf16 products on AMX tiles (set by prompt_attention_run) */
     /* the context laid out once for every task, zero past ctx, per KV head and block of 32
      * keys: in float32 the keys transposed ([dim][32]) and the values as rows ([32][dim]);
      * in bf16 pairs for VDPBF16PS, the keys' along the head dimension ([dim / 2][32][2])
@@ -384,7 +383,7 @@ static int prompt_attention_run(PromptAttention *a) {
 #endif
     const int tiles_fit = dim % 32 == 0 && amx_permission();
     if (a->bf16_products == PROMPT_BF16_AMX && !tiles_fit) return -1;
-    a->amx = tiles_fit && (a->bf16_products == PROMPT_BF16_AMX || a->bf16_products == PROMPT_BF16_ANY);
+    const int amx = tiles_fit && (a->bf16_products == PROMPT_BF16_AMX || a->bf16_products == PROMPT_BF16_ANY);
     a->blocks = ((int64_t)a->ctx + ATTENTION_TOKENS - 1) / ATTENTION_TOKENS;
     const size_t bytes = (size_t)num_kv_heads * a->blocks * ATTENTION_TOKENS * dim * (a->bf16_products ? 2 : 4);
     a->keys = aligned_alloc(64, bytes);
@@ -409,16 +408,16 @@ static int prompt_attention_run(PromptAttention *a) {
 #endif
                 prompt_widen_block(a, kvh, b);
             }
-        if (a->amx) amx_configure(); /* per thread */
+        if (amx) amx_configure(); /* per thread */
         /* later row blocks see more keys: dynamic scheduling evens the threads out */
 #pragma omp for collapse(2) schedule(dynamic)
         for (int kvh = 0; kvh < num_kv_heads; kvh++)
             for (int b = 0; b < blocks; b++) {
                 const int count = n - b * rows < rows ? n - b * rows : rows;
-                if (a->amx) prompt_attention_task_amx(a, kvh, b * rows, count);
+                if (amx) prompt_attention_task_amx(a, kvh, b * rows, count);
                 else prompt_attention_task(a, kvh, b * rows, count);
             }
-        if (a->amx) amx_release();
+        if (amx) amx_release();
     }
     free(a->keys);
     free(a->values);
@@ -432,7 +431,7 @@ static int prompt_attention_run(PromptAttention *a) {
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
                            int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
     PromptAttention a = {q, (int64_t)num_heads * dim, k, v, NULL, 0, kv_bf16, n, ctx, num_heads, num_kv_heads, dim,
-                         scale, out, bf16_products, 0, NULL, NULL, 0};
+                         scale, out, bf16_products, NULL, NULL, 0};
     return prompt_attention_run(&a);
 }
 
@@ -443,7 +442,7 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
                                   int kv_bf16, const int32_t *table, int block_size, int n, int ctx, int num_heads,
                                   int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
     PromptAttention a = {q, q_stride, k_cache, v_cache, table, block_size, kv_bf16, n, ctx, num_heads,
-                         num_kv_heads, dim, scale, out, bf16_products, 0, NULL, NULL, 0};
+                         num_kv_heads, dim, scale, out, bf16_products, NULL, NULL, 0};
     return prompt_attention_run(&a);
 }
 

@@ -32,18 +32,13 @@ def supported(lib: ctypes.CDLL | None, num_heads: int, num_kv_heads: int, head_d
 BF16_ENGINES = {"any": 1, "avx512": 2, "amx": 3}
 
 
-def takes_bf16(lib: ctypes.CDLL, engine: str = "any") -> bool:
-    """Whether the library multiplies bf16 here on `engine` (any: built with AVX512-BF16;
-    amx: and the CPU has AMX tiles the OS grants, for head sizes that are multiples of 32)."""
-    one = torch.zeros(1, 1, 32)
-    return attend(lib, one, one.bfloat16(), one.bfloat16(), 1.0, bf16=True, engine=engine) is not None
-
-
-def on_tiles(lib: ctypes.CDLL | None, head_dim: int) -> bool:
-    """Whether bf16 products of this head size run on AMX tiles here."""
+def takes_bf16(lib: ctypes.CDLL | None, engine: str = "any", head_dim: int = 32) -> bool:
+    """Whether the library multiplies bf16 of this head size here on `engine` (any: built
+    with AVX512-BF16; amx: and the CPU has AMX tiles the OS grants, for head sizes that are
+    multiples of 32)."""
     one = torch.zeros(1, 1, head_dim)
     return lib is not None and attend(lib, one, one.bfloat16(), one.bfloat16(), 1.0, bf16=True,
-                                      engine="amx") is not None
+                                      engine=engine) is not None
 
 
 def attend(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -94,7 +89,7 @@ def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, sett
            tiles: bool = False) -> tuple[bool, str]:
     """Whether prompt attention runs natively, and why. `setting`: BATON_NATIVE_PROMPT_ATTENTION
     ("0" never, "1" wherever the kernel runs, else where it was measured the faster);
-    `tiles`: its bf16 products run on AMX tiles here (`on_tiles`).
+    `tiles`: its bf16 products run on AMX tiles here (`takes_bf16(lib, "amx", head_dim)`).
 
     torch's CPU flash attention multiplies through MKL's sgemm, and MKL takes its generic
     code on AMD CPUs: there this kernel ran 2.0x faster in float32 and 2.96x with bf16
