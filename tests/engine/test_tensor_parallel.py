@@ -221,9 +221,12 @@ def test_regrouping_moves_an_engine_between_sizes_and_a_failed_one_changes_nothi
             engine.regroup(3, 96)
         assert engine.config.tensor_parallel_size == 1 and engine.runner.num_blocks == 96
         engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
-        assert engine.step_costs.decode_step_s(1) is not None
+        old_costs = engine.step_costs
+        assert old_costs.decode_step_s(1) is not None
         assert engine.regroup(2, 48) == "resliced"  # rank 0 cuts its half from the whole model
-        assert engine.step_costs.decode_step_s(1) is None  # the new group's costs are its own
+        # the new group's costs are its own, measured on its own steps before it serves
+        assert engine.step_costs is not old_costs and engine.step_costs.decode_step_s(1) is not None
+        assert not engine.sequences and engine.blocks.num_free_blocks == 48
         old_runner = engine.runner
         assert engine.config.tensor_parallel_size == 2 and len(engine.runner.procs) == 1
         assert engine.runner.num_blocks == engine.blocks.num_blocks == 48

@@ -11,6 +11,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from baton.engine.block_manager import BlockManager
+from baton.engine.calibration import calibrate
 from baton.engine.config import EngineConfig
 from baton.engine.loader import ModelSource, load_source
 from baton.engine.model_runner import ModelRunner
@@ -128,6 +129,10 @@ class Engine:
         self.step_costs = StepCosts()  # the old group's step times say nothing of the new one's
         self.sequences.clear()
         self.stop_checkers.clear()
+        try:  # the group is in place: a failed measurement leaves its costs to its own steps
+            log.info("step costs on %d rank(s): %s", tensor_parallel_size, calibrate(self))
+        except Exception:
+            log.exception("measuring the step costs of the new group failed")
         return weights
 
     def _regroup_source(self, config: EngineConfig) -> tuple[ModelSource, str, str]:

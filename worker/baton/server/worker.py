@@ -7,6 +7,7 @@ import logging
 import os
 
 from baton.engine.async_engine import AsyncEngine
+from baton.engine.calibration import calibrate
 from baton.engine.engine import Engine
 from baton.kv.stream import BackgroundLoop
 from baton.kv.transport import select_transport
@@ -62,6 +63,7 @@ class Worker:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.exception("model load failed")
             raise
+        log.info("worker %s: step costs %s", s.name, await asyncio.to_thread(calibrate, self.engine))
         self.ae = AsyncEngine(self.engine).start()
         self.admissions = Admissions()
         self.ae.step_observers.append(self._after_step)

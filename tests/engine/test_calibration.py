@@ -1,0 +1,54 @@
+"""A worker's step costs measured before its first request (engine/calibration.py): the
+budget's fits exist at once, and the engine is otherwise left as a fresh one."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.engine import SamplingParams
+from baton.engine.calibration import calibrate
+from baton.engine.step_budget import prefill_token_budget
+
+from .conftest import make_engine
+
+PARAMS = SamplingParams(max_tokens=8)
+
+
+def test_a_calibrated_engine_has_its_costs_and_nothing_else(engine_fp32):
+    e = make_engine()
+    free = e.blocks.num_free_blocks
+    assert e.step_costs.prompt_cost() is None and e.step_costs.decode_step_s(1) is None
+    said = calibrate(e)
+    assert said.startswith("calibrated in"), said
+    cost = e.step_costs.prompt_cost()
+    assert cost is not None and cost.per_token > 0 and cost.fixed >= 0
+    assert 0 < e.step_costs.decode_step_s(1) <= e.step_costs.decode_step_s(4)
+    assert e.step_costs.prefill_s_per_token is None  # a real prompt's to set
+    # the budget now caps a prompt beside running decodes at once
+    capped = prefill_token_budget(0.001 + e.step_costs.decode_step_s(4), 4, e.step_costs, 2048)
+    assert capped < 2048
+    # nothing else is left: no sequence, every block free (no cached prefix), zero counters
+    assert not e.sequences and e.blocks.num_free_blocks == free
+    assert e.stats.prompt_tokens == 0 and e.stats.steps == 0
+    prompts = ["The quick brown fox", "def fibonacci(n):"]
+    got = [o.token_ids for o in e.generate(prompts, PARAMS)]
+    assert got == [o.token_ids for o in engine_fp32.generate(prompts, PARAMS)]
+    assert e.blocks.prefix_queries == sum(len(e.tokenize(p)) for p in prompts)  # counted from zero
+
+
+def test_an_engine_too_small_for_the_prompts_is_left_unmeasured():
+    e = make_engine(num_kv_blocks=8)  # 128 tokens: half is too little room
+    said = calibrate(e)
+    assert said.startswith("not calibrated") and "too few" in said
+    assert e.step_costs.prompt_cost() is None and not e.sequences
+
+
+def test_a_busy_engine_is_refused(engine_fp32):
+    e = engine_fp32
+    e.add_request("The quick brown fox", PARAMS, "busy")
+    try:
+        with pytest.raises(RuntimeError, match="idle engine"):
+            calibrate(e)
+    finally:
+        e.abort("busy")
+        e.release("busy")

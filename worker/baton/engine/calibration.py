@@ -1,0 +1,91 @@
+"""A worker's step costs, measured on made-up prompts before its first request.
+
+The per-step prompt budget (step_budget.py) caps a step's prompt tokens only once the
+engine has seen its own decode-only steps and its own steps with prompt tokens beside
+decodes. A decode worker whose prompts all come prefilled sees the second kind only when
+the router first keeps prompts at home, which is under a burst, with its streams running:
+those first chunks ran uncapped, whole 256-token prompts beside eight decodes, 60-77 ms
+gaps against a 40 ms objective (bench/serving.py, P/D, a Xeon with AMX). So a worker
+measures both before it serves: a warm-up step (the first ones fault in weights and
+buffers), decode-only steps of one stream and of four, then prompts of a few sizes beside
+them. The
+engine is then left as it was but for its step costs: no sequences, an empty prefix cache,
+zero counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from baton.engine.block_manager import BlockManager
+from baton.engine.sampling import SamplingParams
+from baton.engine.step_budget import StepCosts
+
+log = logging.getLogger(__name__)
+
+PROMPT_SIZES = (16, 64, 128)  # prompt tokens of the steps measured beside the decodes
+DECODE_BATCHES = (1, 4)  # decodes running, in turn
+DECODE_STEPS = 3  # decode-only steps measured at each
+STEP_LIMIT = 64  # steps the whole calibration may take (a prompt chunked by the budget takes several)
+
+
+def calibrate(engine) -> str:
+    """Measure `engine`'s step costs (drained: no sequences) and return what was found, in
+    words; an engine too small for the prompts is left unmeasured, and says so."""
+    if engine.sequences:
+        raise RuntimeError(f"calibrate an idle engine: {len(engine.sequences)} sequences are in it")
+    room = min(engine.max_model_len, engine.blocks.num_blocks * engine.config.block_size // 2)
+    sizes = [n for n in PROMPT_SIZES if n + 8 + DECODE_STEPS + STEP_LIMIT <= room]
+    if not sizes:
+        return f"not calibrated: {room} tokens of room is too few for its prompts"
+    vocab = engine.model_config.vocab_size
+    started = time.perf_counter()
+    try:
+        # each prompt's first token differs, so no prompt finds another's blocks cached
+        def prompt(n: int, k: int) -> list[int]:
+            return [(k + 1 + 31 * i) % vocab for i in range(n)]
+
+        _run_to_end(engine, "calibration-warmup", prompt(16, 0), max_tokens=2)
+        engine.step_costs = StepCosts()
+        streams = SamplingParams(max_tokens=STEP_LIMIT * 4, ignore_eos=True)
+        for batch in DECODE_BATCHES:  # decode-only steps of two batch sizes: t_dec(B)'s slope too
+            while len(engine.sequences) - 1 < batch:
+                engine.add_request(prompt(8, len(engine.sequences) + 1), streams,
+                                   f"calibration-decode-{len(engine.sequences)}")
+            for _ in range(1 + DECODE_STEPS):  # the new streams' prompts, then decodes alone
+                engine.step()
+        for k, n in enumerate(sizes):
+            _run_to_end(engine, f"calibration-{n}", prompt(n, 100 + k), max_tokens=1)
+    finally:
+        _forget_everything(engine)
+    # the router's per-token prefill cost is a real prompt's to set: made-up prompts of a
+    # few tokens are mostly fixed cost
+    engine.step_costs.prefill_s_per_token = None
+    costs = engine.step_costs
+    cost, one, four = costs.prompt_cost(), costs.decode_step_s(1), costs.decode_step_s(4)
+    took = time.perf_counter() - started
+    if cost is None or one is None:
+        return f"not calibrated: no steps measured in {took:.2f} s"
+    return (f"calibrated in {took:.2f} s: decode steps of 1 and 4 streams {one * 1e3:.1f} and {four * 1e3:.1f} ms; "
+            f"prompt tokens add {cost.fixed * 1e3:.1f} ms + {cost.per_token * 1e3:.3f} ms each")
+
+
+def _run_to_end(engine, request_id: str, prompt: list[int], max_tokens: int) -> None:
+    engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id)
+    for _ in range(STEP_LIMIT):
+        if engine.sequences[request_id].is_finished:
+            return
+        engine.step()
+    raise RuntimeError(f"calibration prompt {request_id} did not finish in {STEP_LIMIT} steps")
+
+
+def _forget_everything(engine) -> None:
+    """Back to a fresh engine's state, step costs aside."""
+    for request_id in list(engine.sequences):
+        engine.abort(request_id)
+        engine.release(request_id)
+    engine.blocks = BlockManager(engine.runner.num_blocks, engine.config.block_size, engine.config.enable_prefix_caching)
+    engine.scheduler = engine._new_scheduler()
+    engine.stats = type(engine.stats)()
+    engine._prompts_deferred_since = None
