@@ -154,6 +154,7 @@ def test_metrics_follow_the_contract(cluster):
                  "baton_prompt_tokens_total", "baton_generation_tokens_total",
                  "baton_kv_transfer_bytes_total", "baton_kv_transfer_seconds_bucket",
                  "baton_kv_exposed_transfer_seconds_bucket", "baton_prefill_busy_seconds_total",
+                 "baton_commit_hold_seconds_total",
                  "baton_worker_role", "baton_role_conversions_total", "baton_migrations_total"]:
         assert f"{name}{{" in text or f"{name} " in text, name
     assert 'baton_worker_role{role="decode"} 1.0' in text

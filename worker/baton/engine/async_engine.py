@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from baton.engine.commit_hold import Arrival, hold_s
 from baton.engine.engine import Engine
 from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SamplingParams
@@ -38,6 +39,14 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="baton-engine", daemon=True)
         # called on the engine thread after every step: fn(outputs, step_seconds, batch_tokens)
         self.step_observers: list[Callable[[list[RequestOutput], float], None]] = []
+        # A decode worker's prompts arriving from prefill workers (engine/commit_hold.py):
+        # the forecast is read on the engine thread; a step with decodes waits up to
+        # commit_hold_fraction of a recent step for a commit due that soon (0: never).
+        self.commit_forecast: Callable[[], list[Arrival]] | None = None
+        self.commit_hold_fraction = 0.0
+        self.held_s = 0.0  # time spent holding steps for commits, and how many holds
+        self.holds = 0
+        self._recent_step_s: float | None = None  # moving average of steps with decodes
 
     def start(self) -> AsyncEngine:
         self._thread.start()
@@ -121,6 +130,9 @@ class AsyncEngine:
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 continue
+            decoding = bool(self.engine.scheduler.running)
+            if decoding and self.commit_forecast is not None:
+                self._hold_for_commits()
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -129,6 +141,9 @@ class AsyncEngine:
                 self._fail_running(e)
                 continue
             elapsed = time.perf_counter() - started
+            if decoding:
+                recent = self._recent_step_s
+                self._recent_step_s = elapsed if recent is None else 0.8 * recent + 0.2 * elapsed
             for observer in self.step_observers:
                 observer(outputs, elapsed)
             for out in outputs:
@@ -138,6 +153,30 @@ class AsyncEngine:
                 # room (an abort, a release) or brings work, so wait for one, not spin
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
+
+    def _hold_for_commits(self) -> None:
+        """Wait (within the budget) for commits due before the next step, running each as
+        it comes, so a prompt whose KV is nearly in joins this step instead of the next."""
+        if self._recent_step_s is None or self.commit_hold_fraction <= 0:
+            return
+        began = time.monotonic()
+        end = began + self.commit_hold_fraction * self._recent_step_s
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                wait = hold_s(self.commit_forecast(), now, end - now)
+            except Exception:  # a forecast is advice: never let it stop the loop
+                log.exception("commit forecast failed")
+                wait = 0.0
+            if wait <= 0:
+                break
+            self._wake.wait(wait)
+            self._wake.clear()
+            self._run_commands()
+        held = time.monotonic() - began
+        if held > 0.0005:
+            self.held_s += held
+            self.holds += 1
 
     def _deliver(self, item: RequestOutput) -> None:
         target = self._streams.get(item.request_id)

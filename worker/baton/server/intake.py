@@ -28,7 +28,9 @@ import time
 from dataclasses import dataclass, field
 
 from baton.engine import handoff
+from baton.engine.commit_hold import Arrival
 from baton.engine.sampler_state import restore_state
+from baton.engine.sequence import SequenceStatus
 from baton.kv.blockviews import layer_views
 from baton.kv.dtypes import dtype_name
 from baton.kv.layout import scatter_layer
@@ -51,6 +53,8 @@ class Reservation:
     lock: threading.Lock = field(default_factory=threading.Lock)
     state: str = OPEN
     layers_written: set[int] = field(default_factory=set)
+    first_layer_at: float | None = None  # monotonic times of the first and latest layer in
+    last_layer_at: float | None = None
     last_abort: str | None = None  # why the latest transfer attempt stopped (kept for a retry)
     writers: int = 0  # direct layer writes in progress (see the module docstring)
     free_deferred: bool = False  # cancelled during a write: the last writer frees the blocks
@@ -73,11 +77,18 @@ class Reservation:
         with self.lock:
             self.writers -= 1
             if ok and self.state == OPEN:
-                self.layers_written.add(layer)
+                self.layer_written(layer)
             free_now = self.free_deferred and self.writers == 0
             if free_now:
                 self.free_deferred = False
             return free_now
+
+    def layer_written(self, layer: int) -> None:
+        """(Under `lock`.) A layer is in: counted, and timed for the commit forecast."""
+        self.layers_written.add(layer)
+        now = time.monotonic()
+        self.first_layer_at = now if self.first_layer_at is None else self.first_layer_at
+        self.last_layer_at = now
 
     def cancel(self) -> str:
         """"refused" (committing or gone already), "free" (free the blocks now) or
@@ -208,6 +219,20 @@ class KVIntake(KVSink):
                 detail = f" (last transfer attempt: {res.last_abort})" if res.last_abort else ""
                 await self.cancel(rid, f"ticket for {rid!r} expired before its KV arrived{detail}")
 
+    def arrivals(self) -> list[Arrival]:
+        """(On the engine thread.) The prompts still arriving for sequences not yet
+        committed, for AsyncEngine's hold (engine/commit_hold.py)."""
+        sequences = self.ae.engine.sequences
+        out = []
+        for res in list(self.reservations.values()):  # one C-level copy: safe beside the loops
+            seq = sequences.get(res.ticket.request_id)
+            if res.kind != "prefill" or seq is None or seq.status != SequenceStatus.REMOTE:
+                continue
+            if res.state == OPEN or res.state == COMMITTING:
+                out.append(Arrival(len(res.layers_written), res.ticket.num_layers, res.first_layer_at,
+                                   res.last_layer_at, committing=res.state == COMMITTING))
+        return out
+
     # -- KVSink (receiver loop) -----------------------------------------------------------
     def _find(self, transfer_id: str) -> tuple[Reservation | None, RouteId | None]:
         """The reservation a transfer fills, and its route (None: the whole ticket)."""
@@ -234,7 +259,7 @@ class KVIntake(KVSink):
             k_cache, v_cache = self.ae.engine.runner.kv_caches[layer]
             scatter_layer(payload, k_cache, v_cache, ticket.block_ids, ticket.block_size,
                           ticket.head_start - self.head_start)
-            res.layers_written.add(layer)
+            res.layer_written(layer)
 
     def begin_layer_write(self, ticket: Ticket, layer: int) -> LayerWrite | None:
         """Views of the reservation's own blocks of `layer`, for the receiver to fill."""
@@ -360,4 +385,5 @@ class KVIntake(KVSink):
         if res is not None:
             res.last_abort = reason
             res.layers_written.clear()
+            res.first_layer_at = res.last_layer_at = None
         log.info("kv transfer for %s stopped: %s", ticket.request_id, reason)

@@ -42,6 +42,10 @@ def add_arguments(parser) -> None:
                         help="the longest step that time saved against the objective may buy, in "
                         "objectives: 1 keeps every step within it (each gap between tokens), more "
                         "lets a prompt run in fewer, larger chunks")
+    parser.add_argument("--commit-hold", type=float, default=0.5,
+                        help="a decode worker waits up to this fraction of a step before starting "
+                        "one, for a prompt whose KV is due that soon (from the pace its layers "
+                        "arrive), so it joins this step rather than the next; 0: never")
     parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV pool size (overrides memory)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
@@ -83,6 +87,7 @@ def settings_from_args(args) -> WorkerSettings:
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
         chunk_size=default_chunk_size(args.role) if args.chunk_size is None else args.chunk_size,
         tpot_objective_s=args.tpot_objective_ms / 1e3, tpot_bank_objectives=args.tpot_bank_objectives,
+        commit_hold=args.commit_hold,
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
         tensor_parallel_size=args.tensor_parallel_size,

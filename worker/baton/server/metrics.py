@@ -38,6 +38,7 @@ class WorkerMetrics:
         self.kv_seconds = Histogram("baton_kv_transfer_seconds", "first layer sent to last layer received", L, registry=r, buckets=TRANSFER_BUCKETS)
         self.kv_exposed = Histogram("baton_kv_exposed_transfer_seconds", "decode-ready minus prefill-end", L, registry=r, buckets=TRANSFER_BUCKETS)
         self.prefill_busy = Counter("baton_prefill_busy_seconds", "time spent running prefill steps", L, registry=r)
+        self.commit_hold = Counter("baton_commit_hold_seconds", "time decode steps waited for a prompt's KV due", L, registry=r)
         self.migrations = Counter("baton_migrations", "sequences migrated", ["role", "direction"], registry=r)
         self.worker_role = Gauge("baton_worker_role", "1 for the worker's current role", L, registry=r)
         self.conversions = Counter("baton_role_conversions", "role switches done", L, registry=r)
@@ -51,7 +52,7 @@ class WorkerMetrics:
         for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage, self.kv_capacity,
                        self.prefix_queries, self.prefix_hits, self.prompt_tokens,
                        self.generation_tokens, self.kv_bytes, self.kv_seconds, self.kv_exposed,
-                       self.prefill_busy, self.conversions):
+                       self.prefill_busy, self.commit_hold, self.conversions):
             metric.labels(role=role)
         for direction in ("in", "out"):
             self.migrations.labels(role=role, direction=direction)
@@ -80,18 +81,20 @@ class WorkerMetrics:
                 if out.finish_reason not in ("prefill", "abort"):
                     self.e2e.labels(role=role).observe(max(0.0, now - out.arrival_time))
 
-    def sync_engine(self, engine) -> None:
-        """Add what the engine's cumulative counters gained since the last call."""
+    def sync_engine(self, engine, held_s: float = 0.0) -> None:
+        """Add what the engine's cumulative counters gained since the last call (`held_s`:
+        AsyncEngine's time holding steps for commits)."""
         role = self.role
         stats, blocks = engine.stats, engine.blocks
         current = {
             "prompt": stats.prompt_tokens,
             "busy": stats.prefill_seconds,
+            "hold": held_s,
             # the block manager is replaced on a pool resize: key its counters by identity
             f"queries-{id(blocks)}": blocks.prefix_queries,
             f"hits-{id(blocks)}": blocks.prefix_hits,
         }
-        targets = {"prompt": self.prompt_tokens, "busy": self.prefill_busy,
+        targets = {"prompt": self.prompt_tokens, "busy": self.prefill_busy, "hold": self.commit_hold,
                    "queries": self.prefix_queries, "hits": self.prefix_hits}
         for key, value in current.items():
             gained = value - self._seen.get(key, 0)

@@ -30,6 +30,7 @@ class WorkerSettings:
     chunk_size: int = 512
     tpot_objective_s: float = 0.05  # prompt tokens per step capped to keep it (0: no cap)
     tpot_bank_objectives: float = 1.0  # the longest step saved time may buy, in objectives
+    commit_hold: float = 0.5  # a step waits up to this part of a step for a prompt's KV due (0: never)
     kv_cache_memory_gb: float = 1.0
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
@@ -54,6 +55,8 @@ class WorkerSettings:
         if not 0 <= self.tpot_objective_s < float("inf"):
             raise ValueError("--tpot-objective-ms must be a finite number >= 0 (0: no cap), "
                              f"got {self.tpot_objective_s * 1e3!r}")
+        if not 0 <= self.commit_hold <= 1:
+            raise ValueError(f"--commit-hold must be a fraction of a step from 0 to 1, got {self.commit_hold!r}")
         if not 1 <= self.tpot_bank_objectives < float("inf"):
             raise ValueError("--tpot-bank-objectives must be a finite number >= 1 (1: no step past the "
                              f"objective), got {self.tpot_bank_objectives!r}")

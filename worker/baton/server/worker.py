@@ -70,6 +70,8 @@ class Worker:
         self.book = StreamBook(self.ae)
         kv_token = self.kv_token = self.token or INSECURE_KV_TOKEN
         self.intake = KVIntake(self.ae, self.book, self.metrics, worker_id=s.name, kv_endpoint="")
+        self.ae.commit_forecast = self.intake.arrivals
+        self.ae.commit_hold_fraction = s.commit_hold
         self.receiver_loop = BackgroundLoop("baton-kv-receiver")
         self.receiver = select_transport(s.receive_transport).receiver(
             self.intake, worker_id=s.name, address=s.kv_address(), token=kv_token
@@ -162,7 +164,7 @@ class Worker:
     def _after_step(self, outputs, _elapsed) -> None:
         self.admissions.after_step(self.engine)
         self.metrics.observe_outputs(outputs)
-        self.metrics.sync_engine(self.engine)
+        self.metrics.sync_engine(self.engine, self.ae.held_s)
 
     async def _janitor_loop(self) -> None:
         while True:
