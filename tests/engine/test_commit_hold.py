@@ -12,7 +12,7 @@ import pytest
 
 from baton.engine import SamplingParams, handoff
 from baton.engine.async_engine import AsyncEngine
-from baton.engine.commit_hold import POLL_S, Arrival, expected_in, hold_s
+from baton.engine.commit_hold import MAX_HOLD_SHARE, POLL_S, Arrival, expected_in, hold_s, may_hold
 from baton.engine.sequence import SequenceStatus
 
 
@@ -48,6 +48,12 @@ def test_hold_for_the_soonest_commit_within_the_budget_only():
     assert hold_s([], now, budget_s=1.0) == 0.0
     queued = Arrival(0, 30, None, None, committing=True)
     assert hold_s([queued], now, budget_s=0.010) == POLL_S  # due now: poll for it
+
+
+def test_holds_are_rationed_to_their_share_of_the_time():
+    assert may_hold(recent_hold_s=0.0, recent_step_s=0.02)
+    assert may_hold(recent_hold_s=MAX_HOLD_SHARE * 0.02, recent_step_s=0.02)
+    assert not may_hold(recent_hold_s=MAX_HOLD_SHARE * 0.02 + 1e-4, recent_step_s=0.02)
 
 
 # -- the engine loop -------------------------------------------------------------------
@@ -145,6 +151,44 @@ def test_a_commit_that_never_comes_costs_each_step_its_budget_at_most(engine_fp3
             # the forecast went stale after a few ms: the first boundary held, no later one
             assert ae.holds == 1
             assert ae.held_s <= 0.5 * ae._recent_step_s * 2 + 0.01
+        finally:
+            await _release_all(ae)
+            ae.shutdown()
+
+    asyncio.run(main())
+    assert e.blocks.num_free_blocks == free and not e.sequences
+
+
+def test_prompts_always_about_to_arrive_hold_only_a_share_of_the_steps(engine_fp32):
+    """A forecast that is always 2 ms from a commit (a steady flow of prompts, or a wrong
+    forecast) would hold every step for its whole budget; the ration keeps decoding going."""
+    e = engine_fp32
+    free = e.blocks.num_free_blocks
+
+    async def main():
+        ae = AsyncEngine(e).start()
+        ae.commit_hold_fraction = 0.5
+        script = _Script(ae, due_s=0.002)
+
+        def always_due() -> list[Arrival]:
+            if script.arrival is None:
+                return []
+            now = time.monotonic()
+            return [Arrival(2, 3, first_at=now - 0.001, last_at=now)]  # due in 2 ms, every time
+
+        try:
+            await _decoding(ae, script)
+            ae.commit_forecast = always_due
+            assert await asyncio.to_thread(script.announced.wait, 30)
+            steps_then = len(script.steps)
+            began = time.monotonic()
+            deadline = began + 30
+            while len(script.steps) < steps_then + 40 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            took = time.monotonic() - began
+            assert len(script.steps) >= steps_then + 40, "decoding went on"
+            assert ae.holds >= 2  # it does hold, now and then
+            assert ae.held_s <= 2 * MAX_HOLD_SHARE * took, (ae.held_s, took)
         finally:
             await _release_all(ae)
             ae.shutdown()

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from baton.engine.commit_hold import Arrival, hold_s
+from baton.engine.commit_hold import Arrival, hold_s, may_hold
 from baton.engine.engine import Engine
 from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SamplingParams
@@ -46,7 +46,8 @@ class AsyncEngine:
         self.commit_hold_fraction = 0.0
         self.held_s = 0.0  # time spent holding steps for commits, and how many holds
         self.holds = 0
-        self._recent_step_s: float | None = None  # moving average of steps with decodes
+        self._recent_step_s: float | None = None  # moving averages of steps with decodes
+        self._recent_hold_s = 0.0  # and of the holds before them
 
     def start(self) -> AsyncEngine:
         self._thread.start()
@@ -131,8 +132,7 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             decoding = bool(self.engine.scheduler.running)
-            if decoding and self.commit_forecast is not None:
-                self._hold_for_commits()
+            held = self._hold_for_commits() if decoding and self.commit_forecast is not None else 0.0
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -144,6 +144,7 @@ class AsyncEngine:
             if decoding:
                 recent = self._recent_step_s
                 self._recent_step_s = elapsed if recent is None else 0.8 * recent + 0.2 * elapsed
+                self._recent_hold_s = 0.8 * self._recent_hold_s + 0.2 * held
             for observer in self.step_observers:
                 observer(outputs, elapsed)
             for out in outputs:
@@ -154,13 +155,15 @@ class AsyncEngine:
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
 
-    def _hold_for_commits(self) -> None:
+    def _hold_for_commits(self) -> float:
         """Wait (within the budget) for commits due before the next step, running each as
-        it comes, so a prompt whose KV is nearly in joins this step instead of the next."""
-        if self._recent_step_s is None or self.commit_hold_fraction <= 0:
-            return
+        it comes, so a prompt whose KV is nearly in joins this step instead of the next.
+        Returns the seconds held."""
+        recent = self._recent_step_s
+        if recent is None or self.commit_hold_fraction <= 0 or not may_hold(self._recent_hold_s, recent):
+            return 0.0
         began = time.monotonic()
-        end = began + self.commit_hold_fraction * self._recent_step_s
+        end = began + self.commit_hold_fraction * recent
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -177,6 +180,7 @@ class AsyncEngine:
         if held > 0.0005:
             self.held_s += held
             self.holds += 1
+        return held
 
     def _deliver(self, item: RequestOutput) -> None:
         target = self._streams.get(item.request_id)

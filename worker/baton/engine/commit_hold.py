@@ -19,6 +19,10 @@ from dataclasses import dataclass
 # other ranks are slower): holding on it would only spend the budget.
 STALE_LAYERS = 2.0
 POLL_S = 0.001  # how long an overdue commit is waited for at a time
+# Holds may take about this share of a decode worker's time, no more: each spares one stream
+# half a step and costs every running stream the wait, so a steady flow of prompts arriving
+# must not hold every step (its decodes would run up to a third slower).
+MAX_HOLD_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -58,3 +62,9 @@ def hold_s(arrivals: Iterable[Arrival], now: float, budget_s: float) -> float:
     if not due:
         return 0.0
     return min(max(min(due), POLL_S), budget_s)
+
+
+def may_hold(recent_hold_s: float, recent_step_s: float) -> bool:
+    """Whether holds are within their share: `recent_hold_s` is the moving average of the
+    time held before each step, `recent_step_s` that of the steps."""
+    return recent_hold_s <= MAX_HOLD_SHARE * recent_step_s
