@@ -95,103 +95,78 @@ async def _decoding(ae: AsyncEngine, script: _Script) -> None:
     await ae.call(lambda e: handoff.reserve_remote(e, e.tokenize("Once upon a time"), REMOTE, "remote"))
 
 
-async def _release_all(ae: AsyncEngine) -> None:
-    """Every sequence the test left (running, finished or reserved) gives its blocks back."""
-    await ae.call(lambda e: [e.release(rid) for rid in list(e.sequences)])
-    for rid in ("decode", "remote"):
-        ae.close_stream(rid)
+def _play(engine, fraction: float, due_s: float, scene, forecast=None) -> None:
+    """Run `scene(ae, script)` on a real engine loop with one stream decoding and a prompt
+    reserved, once the announcement is out; then every block must be back."""
+    free = engine.blocks.num_free_blocks
+
+    async def main():
+        ae = AsyncEngine(engine).start()
+        ae.commit_hold_fraction = fraction
+        script = _Script(ae, due_s)
+        try:
+            await _decoding(ae, script)
+            if forecast is not None:
+                ae.commit_forecast = lambda: forecast(script)
+            assert await asyncio.to_thread(script.announced.wait, 30)
+            await scene(ae, script)
+        finally:  # every sequence left (running, finished or reserved) gives its blocks back
+            await ae.call(lambda e: [e.release(rid) for rid in list(e.sequences)])
+            ae.shutdown()
+
+    asyncio.run(main())
+    assert engine.blocks.num_free_blocks == free and not engine.sequences
+
+
+async def _steps_after(script: _Script, count: int) -> float:
+    """Wait for `count` more steps (30 s at most); the seconds they took."""
+    steps_then, began = len(script.steps), time.monotonic()
+    while len(script.steps) < steps_then + count and time.monotonic() < began + 30:
+        await asyncio.sleep(0.01)
+    assert len(script.steps) >= steps_then + count, "decoding went on"
+    return time.monotonic() - began
 
 
 def test_a_step_waits_for_a_commit_due_within_its_budget_and_takes_it(engine_fp32):
-    e = engine_fp32
-    free = e.blocks.num_free_blocks
+    async def scene(ae, script):
+        await asyncio.sleep(script.due_s)
+        committed_at = time.monotonic()
+        await ae.call(lambda e: handoff.commit_remote(e, "remote", first_token=42))
+        while "remote" not in script.steps[-1][2]:
+            await asyncio.sleep(0.005)
+        assert ae.holds == 1, "the step after the announcement waited for the commit"
+        assert ae.held_s < ae.commit_hold_fraction * ae._recent_step_s, "the commit ended the hold, not the budget"
+        # the held step was the first to start after the commit, and it carried the newcomer
+        after = [s for s in script.steps if s[0] >= committed_at - 0.001]
+        assert "remote" in after[0][2]
 
-    async def main():
-        ae = AsyncEngine(e).start()
-        ae.commit_hold_fraction = 20.0  # a generous budget: the commit, not the budget, ends the hold
-        script = _Script(ae, due_s=0.02)  # stale 20 ms after it is due: room for a slow test thread
-        try:
-            await _decoding(ae, script)
-            assert await asyncio.to_thread(script.announced.wait, 30)
-            await asyncio.sleep(script.due_s)
-            committed_at = time.monotonic()
-            await ae.call(lambda e: handoff.commit_remote(e, "remote", first_token=42))
-            while "remote" not in script.steps[-1][2]:
-                await asyncio.sleep(0.005)
-            assert ae.holds == 1, "the step after the announcement waited for the commit"
-            budget = ae.commit_hold_fraction * ae._recent_step_s
-            assert ae.held_s < budget, "the commit ended the hold, not the budget"
-            # the held step was the first to start after the commit, and it carried the newcomer
-            after = [s for s in script.steps if s[0] >= committed_at - 0.001]
-            assert "remote" in after[0][2]
-        finally:
-            await _release_all(ae)
-            ae.shutdown()
-
-    asyncio.run(main())
-    assert e.blocks.num_free_blocks == free and not e.sequences
+    # a generous budget (the commit, not the budget, ends the hold); stale 20 ms after it is
+    # due: room for a slow test thread
+    _play(engine_fp32, fraction=20.0, due_s=0.02, scene=scene)
 
 
 def test_a_commit_that_never_comes_costs_each_step_its_budget_at_most(engine_fp32):
-    e = engine_fp32
-    free = e.blocks.num_free_blocks
+    async def scene(ae, script):
+        await _steps_after(script, 10)
+        # the forecast went stale after a few ms: the first boundary held, no later one
+        assert ae.holds == 1
+        assert ae.held_s <= 0.5 * ae._recent_step_s * 2 + 0.01
 
-    async def main():
-        ae = AsyncEngine(e).start()
-        ae.commit_hold_fraction = 0.5
-        script = _Script(ae, due_s=0.002)
-        try:
-            await _decoding(ae, script)
-            assert await asyncio.to_thread(script.announced.wait, 30)
-            steps_then = len(script.steps)
-            deadline = time.monotonic() + 30
-            while len(script.steps) < steps_then + 10 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert len(script.steps) >= steps_then + 10, "decoding went on"
-            # the forecast went stale after a few ms: the first boundary held, no later one
-            assert ae.holds == 1
-            assert ae.held_s <= 0.5 * ae._recent_step_s * 2 + 0.01
-        finally:
-            await _release_all(ae)
-            ae.shutdown()
-
-    asyncio.run(main())
-    assert e.blocks.num_free_blocks == free and not e.sequences
+    _play(engine_fp32, fraction=0.5, due_s=0.002, scene=scene)
 
 
 def test_prompts_always_about_to_arrive_hold_only_a_share_of_the_steps(engine_fp32):
     """A forecast that is always 2 ms from a commit (a steady flow of prompts, or a wrong
     forecast) would hold every step for its whole budget; the ration keeps decoding going."""
-    e = engine_fp32
-    free = e.blocks.num_free_blocks
+    def always_due(script) -> list[Arrival]:
+        if script.arrival is None:
+            return []
+        now = time.monotonic()
+        return [Arrival(2, 3, first_at=now - 0.001, last_at=now)]  # due in 2 ms, every time
 
-    async def main():
-        ae = AsyncEngine(e).start()
-        ae.commit_hold_fraction = 0.5
-        script = _Script(ae, due_s=0.002)
+    async def scene(ae, script):
+        took = await _steps_after(script, 40)
+        assert ae.holds >= 2  # it does hold, now and then
+        assert ae.held_s <= 2 * MAX_HOLD_SHARE * took, (ae.held_s, took)
 
-        def always_due() -> list[Arrival]:
-            if script.arrival is None:
-                return []
-            now = time.monotonic()
-            return [Arrival(2, 3, first_at=now - 0.001, last_at=now)]  # due in 2 ms, every time
-
-        try:
-            await _decoding(ae, script)
-            ae.commit_forecast = always_due
-            assert await asyncio.to_thread(script.announced.wait, 30)
-            steps_then = len(script.steps)
-            began = time.monotonic()
-            deadline = began + 30
-            while len(script.steps) < steps_then + 40 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            took = time.monotonic() - began
-            assert len(script.steps) >= steps_then + 40, "decoding went on"
-            assert ae.holds >= 2  # it does hold, now and then
-            assert ae.held_s <= 2 * MAX_HOLD_SHARE * took, (ae.held_s, took)
-        finally:
-            await _release_all(ae)
-            ae.shutdown()
-
-    asyncio.run(main())
-    assert e.blocks.num_free_blocks == free and not e.sequences
+    _play(engine_fp32, fraction=0.5, due_s=0.002, scene=scene, forecast=always_due)
