@@ -50,7 +50,7 @@ def calibrate(engine) -> str:
         engine.step_costs = StepCosts()
         streams = SamplingParams(max_tokens=STEP_LIMIT * 4, ignore_eos=True)
         for batch in DECODE_BATCHES:  # decode-only steps of two batch sizes: t_dec(B)'s slope too
-            while len(engine.sequences) - 1 < batch:
+            while len(engine.sequences) - 1 < batch:  # the warm-up's finished sequence is still in
                 engine.add_request(prompt(8, len(engine.sequences) + 1), streams,
                                    f"calibration-decode-{len(engine.sequences)}")
             for _ in range(1 + DECODE_STEPS):  # the new streams' prompts, then decodes alone
