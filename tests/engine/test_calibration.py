@@ -52,3 +52,13 @@ def test_a_busy_engine_is_refused(engine_fp32):
     finally:
         e.abort("busy")
         e.release("busy")
+
+
+def test_a_prefill_worker_keeps_its_prompt_costs_whole():
+    """It never decodes: no decode line is left to take a step's own overhead off its
+    prompts' cost (the router's per-token rate would read near zero for short prompts)."""
+    e = make_engine(role="prefill")
+    assert calibrate(e).startswith("calibrated in")
+    assert e.step_costs.prompt_cost() is not None and e.step_costs.decode_step_s(1) is None
+    e.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=1))
+    assert e.step_costs.prefill_s_per_token > 0

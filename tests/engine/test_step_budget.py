@@ -37,6 +37,16 @@ def test_decode_cost_is_the_line_through_decode_only_steps():
     assert costs.prefill_s_per_token == pytest.approx(0.001, rel=0.05)
 
 
+def test_a_prompt_step_within_the_decode_lines_fixed_part_sets_no_rate():
+    costs = StepCosts()
+    for b in (1, 4):
+        costs.observe(b, 0, 0.010 + 0.002 * b)  # t_dec(0) = 10 ms
+    costs.observe(0, 4, 0.008)  # four prompt tokens alone, under the line's fixed part
+    assert costs.prefill_s_per_token is None
+    costs.observe(0, 64, 0.030)
+    assert costs.prefill_s_per_token == pytest.approx(0.020 / 64)
+
+
 def test_budget_is_what_fits_between_the_decodes_and_the_objective():
     costs = costs_of(0.02, 0.005, 0.001)
     # 8 decodes take 60 ms; 40 ms left at 1 ms per prompt token

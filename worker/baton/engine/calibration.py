@@ -62,13 +62,17 @@ def calibrate(engine) -> str:
     # the router's per-token prefill cost is a real prompt's to set: made-up prompts of a
     # few tokens are mostly fixed cost
     engine.step_costs.prefill_s_per_token = None
+    if engine.config.role == "prefill":
+        # it never decodes: its prompts' cost is their whole steps, as before it was measured
+        engine.step_costs.forget_decode_steps()
     costs = engine.step_costs
     cost, one, four = costs.prompt_cost(), costs.decode_step_s(1), costs.decode_step_s(4)
     took = time.perf_counter() - started
-    if cost is None or one is None:
+    if cost is None:
         return f"not calibrated: no steps measured in {took:.2f} s"
-    return (f"calibrated in {took:.2f} s: decode steps of 1 and 4 streams {one * 1e3:.1f} and {four * 1e3:.1f} ms; "
-            f"prompt tokens add {cost.fixed * 1e3:.1f} ms + {cost.per_token * 1e3:.3f} ms each")
+    decodes = f"decode steps of 1 and 4 streams {one * 1e3:.1f} and {four * 1e3:.1f} ms; " if one is not None else ""
+    return (f"calibrated in {took:.2f} s: {decodes}prompt tokens add {cost.fixed * 1e3:.1f} ms + "
+            f"{cost.per_token * 1e3:.3f} ms each")
 
 
 def _run_to_end(engine, request_id: str, prompt: list[int], max_tokens: int) -> None:

@@ -113,9 +113,19 @@ class StepCosts:
             return
         extra = max(seconds - decode_part, 0.0)
         self._prompt_steps.append((prompt_tokens, attention_work(0, prompt_tokens) if work is None else work, extra))
+        if extra <= 0:
+            # a step no longer than the decode line's fixed part (a few prompt tokens, with
+            # the line known from other steps) says nothing of a token's cost: a rate of zero
+            # would tell the router prompts are free here
+            return
         sample = extra / prompt_tokens
         old = self.prefill_s_per_token
         self.prefill_s_per_token = sample if old is None else (1 - self._alpha) * old + self._alpha * sample
+
+    def forget_decode_steps(self) -> None:
+        """Drop the decode-only steps seen (a worker that will not decode: its prompt steps
+        then count whole, the step's own overhead included)."""
+        self._decode_steps.clear()
 
     def decode_step_s(self, decodes: int) -> float | None:
         """t_dec(B): least squares over recent decode-only steps, never below zero; with a
