@@ -6,7 +6,8 @@ step of at most A seconds the prompt tokens that fit are P = (A − t_dec(B) −
 costs are measured from the steps this engine runs: decode-only steps give t_dec (a line
 through recent (B, seconds) points), steps with prompt tokens give g (a line through recent
 (P, seconds beyond t_dec) points) once t_dec is known. Until both are measured no cap
-applies: a cold worker never guesses a budget.
+applies: a cold worker never guesses a budget (and a worker measures both before it serves,
+engine/calibration.py).
 
 T bounds each decode's time per output token as TPOT counts it: over its tokens so far, not
 step by step (`step_allowance_s`). Decode-only steps faster than T save time that a later
