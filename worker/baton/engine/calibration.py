@@ -8,21 +8,16 @@ those first chunks ran uncapped, whole 256-token prompts beside eight decodes, 6
 gaps against a 40 ms objective (bench/serving.py, P/D, a Xeon with AMX). So a worker
 measures both before it serves: a warm-up step (the first ones fault in weights and
 buffers), decode-only steps of one stream and of four, then prompts of a few sizes beside
-them. The
-engine is then left as it was but for its step costs: no sequences, an empty prefix cache,
-zero counters.
+them. The engine is then left as it was but for its step costs: no sequences, an empty
+prefix cache, and its counters as they were (the made-up steps are not counted).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 
-from baton.engine.block_manager import BlockManager
 from baton.engine.sampling import SamplingParams
 from baton.engine.step_budget import StepCosts
-
-log = logging.getLogger(__name__)
 
 PROMPT_SIZES = (16, 64, 128)  # prompt tokens of the steps measured beside the decodes
 DECODE_BATCHES = (1, 4)  # decodes running, in turn
@@ -41,6 +36,7 @@ def calibrate(engine) -> str:
         return f"not calibrated: {room} tokens of room is too few for its prompts"
     vocab = engine.model_config.vocab_size
     started = time.perf_counter()
+    counters, engine.stats = engine.stats, type(engine.stats)()
     try:
         # each prompt's first token differs, so no prompt finds another's blocks cached
         def prompt(n: int, k: int) -> list[int]:
@@ -58,7 +54,8 @@ def calibrate(engine) -> str:
         for k, n in enumerate(sizes):
             _run_to_end(engine, f"calibration-{n}", prompt(n, 100 + k), max_tokens=1)
     finally:
-        _forget_everything(engine)
+        engine._forget_requests()
+        engine.stats = counters
     # the router's per-token prefill cost is a real prompt's to set: made-up prompts of a
     # few tokens are mostly fixed cost
     engine.step_costs.prefill_s_per_token = None
@@ -82,14 +79,3 @@ def _run_to_end(engine, request_id: str, prompt: list[int], max_tokens: int) -> 
             return
         engine.step()
     raise RuntimeError(f"calibration prompt {request_id} did not finish in {STEP_LIMIT} steps")
-
-
-def _forget_everything(engine) -> None:
-    """Back to a fresh engine's state, step costs aside."""
-    for request_id in list(engine.sequences):
-        engine.abort(request_id)
-        engine.release(request_id)
-    engine.blocks = BlockManager(engine.runner.num_blocks, engine.config.block_size, engine.config.enable_prefix_caching)
-    engine.scheduler = engine._new_scheduler()
-    engine.stats = type(engine.stats)()
-    engine._prompts_deferred_since = None

@@ -124,16 +124,22 @@ class Engine:
             close()
         log.info("regrouped on %d rank(s): %d KV blocks per rank; rank 0 %s its weights (%s)",
                  tensor_parallel_size, runner.num_blocks, weights, why)
-        self.blocks = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = self._new_scheduler()
+        self._forget_requests()
         self.step_costs = StepCosts()  # the old group's step times say nothing of the new one's
-        self.sequences.clear()
-        self.stop_checkers.clear()
         try:  # the group is in place: a failed measurement leaves its costs to its own steps
             log.info("step costs on %d rank(s): %s", tensor_parallel_size, calibrate(self))
         except Exception:
             log.exception("measuring the step costs of the new group failed")
         return weights
+
+    def _forget_requests(self) -> None:
+        """No sequences, an empty KV pool (no cached prefix) and a fresh scheduler, on the
+        current runner (a regroup; calibration's made-up requests)."""
+        self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = self._new_scheduler()
+        self.sequences.clear()
+        self.stop_checkers.clear()
+        self._prompts_deferred_since = None
 
     def _regroup_source(self, config: EngineConfig) -> tuple[ModelSource, str, str]:
         """Where rank 0's weights for `config`'s group come from: the source, "resliced" or

@@ -228,7 +228,7 @@ class KVIntake(KVSink):
             seq = sequences.get(res.ticket.request_id)
             if res.kind != "prefill" or seq is None or seq.status != SequenceStatus.REMOTE:
                 continue
-            if res.state == OPEN or res.state == COMMITTING:
+            if res.state in (OPEN, COMMITTING):
                 out.append(Arrival(len(res.layers_written), res.ticket.num_layers, res.first_layer_at,
                                    res.last_layer_at, committing=res.state == COMMITTING))
         return out
