@@ -14,6 +14,8 @@ import openai
 import pytest
 from router_harness import running_router
 
+from baton.engine.tokenizer import IncrementalDetokenizer
+
 pytestmark = pytest.mark.asyncio
 TOKEN = "internal-secret"
 
@@ -224,6 +226,29 @@ async def test_stream_opens_once_a_worker_takes_the_request(fake_workers, model_
     assert opened < 0.3
     assert seen[0][1] == {"role": "assistant", "content": ""} and seen[0][0] < 0.3
     assert seen[1][1]["content"] and seen[1][0] >= 0.45
+
+
+async def test_every_token_gets_a_chunk_even_one_that_completes_no_character(fake_workers, model_info, script,
+                                                                            expected):
+    """The script ends in '—' and '✓', each split over tokens: a token that ends no
+    character yet still streams, with empty text, so clients (and vLLM's benchmark, which
+    times every chunk) see tokens as they are made; the text is unchanged."""
+    detok = IncrementalDetokenizer(model_info.tokenizer, [])
+    silent = sum(1 for token in script if not detok.add(token))
+    assert silent >= 2  # the script does hold split characters
+    decode = await fake_workers("decode")
+    async with running_router(model_info, [decode.url]) as url:
+        api = client(url)
+        chunks = [c async for c in await api.completions.create(
+            model="smollm2", prompt="Q:", max_tokens=100, stream=True)]
+        chat = [c async for c in await api.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=100, stream=True)]
+    # one chunk per script token, then the hidden EOS's chunk with the finish reason
+    assert len(chunks) == len(script) + 1
+    assert sum(1 for c in chunks if c.choices[0].text == "") == silent + 1
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert len(chat) == 1 + len(script) + 1  # the role opens it
+    assert "".join(c.choices[0].delta.content or "" for c in chat) == expected
 
 
 async def test_the_pool_reads_each_workers_own_prompt_rate(fake_workers):

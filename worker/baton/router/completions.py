@@ -189,10 +189,13 @@ class CompletionService:
         last = first
         try:
             async with aclosing(deltas):
-                # a chat stream opens with the assistant's role before any text, as OpenAI's does
+                # a chat stream opens with the assistant's role before any text, as OpenAI's does.
+                # Every generated token gets a chunk, its text empty while it completes no
+                # character (a multi-byte one split across tokens, a possible stop string's
+                # start), as vLLM's do: clients see each token when it is made.
                 delta, opening = first, kind == "chat"
                 while True:
-                    if delta.text or delta.finish_reason is not None or opening:
+                    if delta.text or delta.new_tokens or delta.finish_reason is not None or opening:
                         yield responses.sse(responses.stream_chunk(
                             kind, request_id, req.model, created, delta.text, delta.finish_reason, opening))
                         opening = False
