@@ -19,7 +19,7 @@ def test_a_calibrated_engine_has_its_costs_and_nothing_else(engine_fp32):
     free = e.blocks.num_free_blocks
     assert e.step_costs.prompt_cost() is None and e.step_costs.decode_step_s(1) is None
     said = calibrate(e)
-    assert said.startswith("calibrated in"), said
+    assert said.startswith("calibrated in") and "decode steps of 1 and 8 streams" in said, said
     cost = e.step_costs.prompt_cost()
     assert cost is not None and cost.per_token > 0 and cost.fixed >= 0
     assert 0 < e.step_costs.decode_step_s(1) <= e.step_costs.decode_step_s(4)

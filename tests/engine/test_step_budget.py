@@ -80,6 +80,17 @@ def test_one_batch_size_seen_scales_with_the_batch():
     assert costs.decode_step_s(4) == pytest.approx(0.04)
 
 
+def test_one_slow_step_does_not_tilt_the_decode_line():
+    """A step the machine slowed (here one stream's, at 3x) is outvoted by the others at
+    its batch size: the line still rises with the batch rather than going flat."""
+    costs = StepCosts()
+    for b in (1, 4, 8):
+        for i in range(3):
+            costs.observe(b, 0, (0.008 + 0.0015 * b) * (3.0 if (b, i) == (1, 0) else 1.0))
+    assert costs.decode_step_s(1) == pytest.approx(0.0095)
+    assert costs.decode_step_s(8) == pytest.approx(0.020)
+
+
 def test_scheduler_cap_limits_prompt_tokens_next_to_decodes_only():
     bm, sched = make(num_blocks=64, budget=64, chunk=64)
     running = seq(4, "running")
@@ -130,8 +141,9 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     requests finish with the tokens they produce alone."""
     from baton.engine.sampling import SamplingParams
 
-    engine, greedy = engine_fp32, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    short, long = "Budgets:", "Seven tall ships sailed past the harbour wall at dawn. " * 12
+    # a prompt of ~290 tokens: several chunks of half a decode step on any CPU measured so far
+    engine, greedy = engine_fp32, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    short, long = "Budgets:", "Seven tall ships sailed past the harbour wall at dawn. " * 24
     monkeypatch.setattr(engine.config, "tpot_objective_s", 1e-6)
     seen, bounds = [], []  # each step's batch; half a decode step in prompt tokens, as costs stood
     schedule = engine.scheduler.schedule

@@ -7,8 +7,8 @@ the router first keeps prompts at home, which is under a burst, with its streams
 those first chunks ran uncapped, whole 256-token prompts beside eight decodes, 60-77 ms
 gaps against a 40 ms objective (bench/serving.py, P/D, a Xeon with AMX). So a worker
 measures both before it serves: a warm-up step (the first ones fault in weights and
-buffers), decode-only steps of one stream and of four, then prompts of a few sizes beside
-them. The engine is then left as it was but for its step costs: no sequences, an empty
+buffers), decode-only steps of one stream, four and eight (a few of each: the line takes
+each size's median), then prompts of a few sizes beside them. The engine is then left as it was but for its step costs: no sequences, an empty
 prefix cache, and its counters as they were (the made-up steps are not counted).
 """
 
@@ -20,8 +20,8 @@ from baton.engine.sampling import SamplingParams
 from baton.engine.step_budget import StepCosts
 
 PROMPT_SIZES = (16, 64, 128)  # prompt tokens of the steps measured beside the decodes
-DECODE_BATCHES = (1, 4)  # decodes running, in turn
-DECODE_STEPS = 3  # decode-only steps measured at each
+DECODE_BATCHES = (1, 4, 8)  # decodes running, in turn
+DECODE_STEPS = 3  # decode-only steps measured at each (a median: one slow step is outvoted)
 STEP_LIMIT = 64  # steps the whole calibration may take (a prompt chunked by the budget takes several)
 
 
@@ -45,7 +45,7 @@ def calibrate(engine) -> str:
         _run_to_end(engine, "calibration-warmup", prompt(16, 0), max_tokens=2)
         engine.step_costs = StepCosts()
         streams = SamplingParams(max_tokens=STEP_LIMIT * 4, ignore_eos=True)
-        for batch in DECODE_BATCHES:  # decode-only steps of two batch sizes: t_dec(B)'s slope too
+        for batch in DECODE_BATCHES:  # decode-only steps of a few batch sizes: t_dec(B)'s slope too
             while len(engine.sequences) - 1 < batch:  # the warm-up's finished sequence is still in
                 engine.add_request(prompt(8, len(engine.sequences) + 1), streams,
                                    f"calibration-decode-{len(engine.sequences)}")
@@ -63,11 +63,12 @@ def calibrate(engine) -> str:
         # it never decodes: its prompts' cost is their whole steps, as before it was measured
         engine.step_costs.forget_decode_steps()
     costs = engine.step_costs
-    cost, one, four = costs.prompt_cost(), costs.decode_step_s(1), costs.decode_step_s(4)
+    cost, one, most = costs.prompt_cost(), costs.decode_step_s(1), costs.decode_step_s(DECODE_BATCHES[-1])
     took = time.perf_counter() - started
     if cost is None:
         return f"not calibrated: no steps measured in {took:.2f} s"
-    decodes = f"decode steps of 1 and 4 streams {one * 1e3:.1f} and {four * 1e3:.1f} ms; " if one is not None else ""
+    decodes = (f"decode steps of 1 and {DECODE_BATCHES[-1]} streams {one * 1e3:.1f} and {most * 1e3:.1f} ms; "
+               if one is not None else "")
     return (f"calibrated in {took:.2f} s: {decodes}prompt tokens add {cost.fixed * 1e3:.1f} ms + "
             f"{cost.per_token * 1e3:.3f} ms each")
 

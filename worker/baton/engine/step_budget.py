@@ -129,19 +129,26 @@ class StepCosts:
         self._decode_steps.clear()
 
     def decode_step_s(self, decodes: int) -> float | None:
-        """t_dec(B): least squares over recent decode-only steps, never below zero; with a
-        single batch size seen, that size's mean scaled by B (an over-estimate for larger B,
-        which errs towards smaller prompt chunks)."""
-        points = list(self._decode_steps)
-        if not points:
+        """t_dec(B): least squares over the median step of each batch size seen (weighted
+        by its steps), never below zero; with a single batch size seen, its median scaled
+        by B (an over-estimate for larger B, which errs towards smaller prompt chunks).
+        Medians, because one slow step (a neighbour process taking the core, a page fault)
+        among a few at one size tilted the line: calibration on a busy 2-core machine
+        measured one stream slower than four, the fit went flat, and the first chunks
+        beside eight decodes ran to 1.3-1.9x the objective."""
+        by_batch: dict[int, list[float]] = {}
+        for b, t in self._decode_steps:
+            by_batch.setdefault(b, []).append(t)
+        if not by_batch:
             return None
-        n = len(points)
-        mean_b = sum(b for b, _ in points) / n
-        mean_t = sum(t for _, t in points) / n
-        var_b = sum((b - mean_b) ** 2 for b, _ in points)
-        if var_b < 1e-9:
+        points = [(b, float(np.median(ts)), len(ts)) for b, ts in by_batch.items()]
+        n = sum(w for _, _, w in points)
+        mean_b = sum(b * w for b, _, w in points) / n
+        mean_t = sum(t * w for _, t, w in points) / n
+        if len(points) == 1:
             return mean_t * decodes / max(mean_b, 1)
-        slope = max(sum((b - mean_b) * (t - mean_t) for b, t in points) / var_b, 0.0)
+        var_b = sum(w * (b - mean_b) ** 2 for b, _, w in points)
+        slope = max(sum(w * (b - mean_b) * (t - mean_t) for b, t, w in points) / var_b, 0.0)
         intercept = max(mean_t - slope * mean_b, 0.0)
         return intercept + slope * decodes
 
