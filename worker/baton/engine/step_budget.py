@@ -134,8 +134,8 @@ class StepCosts:
         by B (an over-estimate for larger B, which errs towards smaller prompt chunks).
         Medians, because one slow step (a neighbour process taking the core, a page fault)
         among a few at one size tilted the line: calibration on a busy 2-core machine
-        measured one stream slower than four, the fit went flat, and the first chunks
-        beside eight decodes ran to 1.3-1.9x the objective."""
+        once measured one stream as slow as four, and the flat fit priced eight decodes
+        as one."""
         by_batch: dict[int, list[float]] = {}
         for b, t in self._decode_steps:
             by_batch.setdefault(b, []).append(t)
