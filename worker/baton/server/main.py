@@ -35,9 +35,10 @@ def add_arguments(parser) -> None:
                         help="longest prefill chunk (0: whole prompts); default 0 for prefill "
                         "workers (no decodes to protect, and every layer streams while the "
                         "prompt computes), 512 otherwise")
-    parser.add_argument("--tpot-objective-ms", type=float, default=50.0,
+    parser.add_argument("--tpot-objective-ms", type=float, default=35.0,
                         help="cap prompt tokens per step so running decodes keep this time per "
-                        "output token (from measured step costs; 0: no cap)")
+                        "output token, each gap between tokens too (from measured step costs; "
+                        "0: no cap)")
     parser.add_argument("--tpot-bank-objectives", type=float, default=1.0,
                         help="the longest step that time saved against the objective may buy, in "
                         "objectives: 1 keeps every step within it (each gap between tokens), more "

@@ -28,7 +28,7 @@ class WorkerSettings:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     chunk_size: int = 512
-    tpot_objective_s: float = 0.05  # prompt tokens per step capped to keep it (0: no cap)
+    tpot_objective_s: float = 0.035  # prompt tokens per step capped to keep it (0: no cap)
     tpot_bank_objectives: float = 1.0  # the longest step saved time may buy, in objectives
     commit_hold: float = 0.5  # a step waits up to this part of a step for a prompt's KV due (0: never)
     kv_cache_memory_gb: float = 1.0
