@@ -81,6 +81,31 @@ def test_a_rows_result_does_not_depend_on_its_batch(lib, engine):
         assert torch.equal(alone[0], together[row])
 
 
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_the_panels_hold_the_dense_paths_bits(lib, engine, name):
+    """One-hot inputs read the panels back exactly (one product by 1.0, the rest zeros).
+    4-bit blocks take a shortcut where the minimum minus 16 scales is exact in float32;
+    here a third of the rows have minimums far from their scales (600 beside ~0.001, and
+    3·2^-24 beside ~0.1), where it is not, and take the general path: the bits are the
+    same either way."""
+    raw = random_rows(FORMATS[name], 37, 96, seed=12)
+    if FORMATS[name].has_min:
+        blocks = raw.reshape(37, 3, FORMATS[name].block_bytes)
+        rng = np.random.default_rng(13)
+        for rows, scale, least in ((slice(0, None, 6), 1e-3, 600.0), (slice(3, None, 6), 0.1, 3 * 2.0**-24)):
+            d = (rng.standard_normal(blocks[rows].shape[:2]) * scale).astype(np.float16)
+            blocks[rows, :, 0:2] = d.view(np.uint8).reshape(*d.shape, 2)
+            blocks[rows, :, 2:4] = np.full(d.shape, least, dtype=np.float16).view(np.uint8).reshape(*d.shape, 2)
+        d = blocks[:, :, 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+        m = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
+        inexact = (m - 16 * d).astype(np.float64) != m.astype(np.float64) - 16 * d.astype(np.float64)
+        assert 10 < inexact.sum() < inexact.size  # both paths run
+    w = _weight(lib, [(name, raw)])
+    dense = native_quant.dequantize(lib, w.native_matrix, 0, 37, dtype=torch.bfloat16).float()
+    got = native_quant.product_bf16(lib, w.native_matrix, torch.eye(96), 37, engine)
+    assert torch.equal(got, dense.t())
+
+
 def test_the_weight_sends_many_rows_to_its_engine_and_few_to_the_int16_kernels(lib, engine, monkeypatch):
     w = _weight(lib, [("Q8_0", random_rows(FORMATS["Q8_0"], 24, 64, seed=7))])
     w.dense = DenseProducts(torch.bfloat16, min_rows=4, engine=engine)

@@ -30,6 +30,54 @@
 
 #define BF16_TILE_VALUES 512 /* bf16 values in a tile: 16 rows of 32 (64 bytes) */
 
+/* element 2n = low value of lane n, 2n + 1 = its high value (cvtne2ps puts them 16 apart) */
+#define BF16_INTERLEAVE                                                                                  \
+    _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, \
+                     4, 19, 3, 18, 2, 17, 1, 16, 0)
+
+/* A 4-bit q placed in a float's top mantissa bits reads 1 + q/16, so one FMA turns it into
+ * (1 + q/16)·16d + (m - 16d) = d·q + m: no int-to-float conversion, no separate multiply and
+ * add. The product is exact and the FMA rounds once, so the value is the general path's
+ * (d·q exact, + m rounded once) wherever m - 16d is exact in float32, which TwoSum checks for
+ * the block's 16 rows at once (its error is zero; a non-finite scale fails the check). Q4_0
+ * has m = -8d, always exact. Returns 0 where the block needs the general path. */
+static inline int bf16_nibble_terms(__m512 d, __m512 m, __m512 *scale, __m512 *base) {
+    const __m512 b = _mm512_mul_ps(d, _mm512_set1_ps(-16.0f));
+    const __m512 sum = _mm512_add_ps(m, b);
+    const __m512 bb = _mm512_sub_ps(sum, m);
+    const __m512 error = _mm512_add_ps(_mm512_sub_ps(m, _mm512_sub_ps(sum, bb)), _mm512_sub_ps(b, bb));
+    *scale = _mm512_mul_ps(d, _mm512_set1_ps(16.0f));
+    *base = sum;
+    return _mm512_cmp_ps_mask(error, _mm512_setzero_ps(), _CMP_EQ_OQ) == 0xFFFF &&
+           _mm512_cmp_ps_mask(*scale, *scale, _CMP_ORD_Q) == 0xFFFF;
+}
+
+/* The 4-bit block of bf16_dequantize_block by bf16_nibble_terms: per pair, each half's nibble
+ * shifted to bits 19-22 of its lane, 1.0f's bits or-ed in, one FMA. */
+static inline void bf16_dequantize_nibbles(const uint8_t *qs, __m512 scale, __m512 base, uint16_t *tile) {
+    const __m512i interleave = BF16_INTERLEAVE, nibble = _mm512_set1_epi32(0x00780000),
+                  one = _mm512_set1_epi32(0x3F800000);
+    /* (x & nibble) | one */
+#define BF16_ONE_PLUS(x) _mm512_castsi512_ps(_mm512_ternarylogic_epi32((x), nibble, one, 0xEA))
+#define BF16_FAST_PAIR(lo_bits, hi_bits, p)                                                              \
+    {                                                                                                    \
+        const __m512 flo = _mm512_fmadd_ps(BF16_ONE_PLUS(lo_bits), scale, base);                         \
+        const __m512 fhi = _mm512_fmadd_ps(BF16_ONE_PLUS(hi_bits), scale, base);                         \
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(fhi, flo);                                     \
+        _mm512_store_si512((__m512i *)(tile + 32 * (p)), _mm512_permutexvar_epi16(interleave, both));      \
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i v = _mm512_loadu_si512(qs + 64 * c);
+        /* the pairs of the general path: lane bits s..s+3 and 16+s..19+s, s = 0, 8, 4, 12 */
+        BF16_FAST_PAIR(_mm512_slli_epi32(v, 19), _mm512_slli_epi32(v, 3), 2 * c);
+        BF16_FAST_PAIR(_mm512_slli_epi32(v, 11), _mm512_srli_epi32(v, 5), 2 * c + 1);
+        BF16_FAST_PAIR(_mm512_slli_epi32(v, 15), _mm512_srli_epi32(v, 1), 8 + 2 * c);
+        BF16_FAST_PAIR(_mm512_slli_epi32(v, 7), _mm512_srli_epi32(v, 9), 8 + 2 * c + 1);
+    }
+#undef BF16_FAST_PAIR
+#undef BF16_ONE_PLUS
+}
+
 /* One block of a group (16 weight rows x 32 values) as a bf16 tile: row p holds pair p of
  * every weight row, lane n = weight row n. */
 static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f, uint16_t *tile) {
@@ -37,9 +85,15 @@ static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f,
     const __m512 m = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
                                 : _mm512_setzero_ps();
     const uint8_t *qs = g + QUANT_ROWS * f->header_bytes;
-    /* element 2n = low value of lane n, 2n + 1 = its high value (cvtne2ps puts them 16 apart) */
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    if (f->nibbles) {
+        __m512 scale, base;
+        const __m512 least = f->has_min ? m : _mm512_mul_ps(d, _mm512_set1_ps((float)-f->offset));
+        if (bf16_nibble_terms(d, least, &scale, &base)) {
+            bf16_dequantize_nibbles(qs, scale, base, tile);
+            return;
+        }
+    }
+    const __m512i interleave = BF16_INTERLEAVE;
     const __m512i offset = _mm512_set1_epi32(f->offset), low = _mm512_set1_epi32(0xFFFF);
 #define BF16_PAIR(v, shift, mask, p)                                                                     \
     {                                                                                                    \
