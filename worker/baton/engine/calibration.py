@@ -8,8 +8,10 @@ those first chunks ran uncapped, whole 256-token prompts beside eight decodes, 6
 gaps against a 40 ms objective (bench/serving.py, P/D, a Xeon with AMX). So a worker
 measures both before it serves: a warm-up step (the first ones fault in weights and
 buffers), decode-only steps of one stream, four and eight (a few of each: the line takes
-each size's median), then prompts of a few sizes beside them. The engine is then left as it was but for its step costs: no sequences, an empty
-prefix cache, and its counters as they were (the made-up steps are not counted).
+each size's median), then prompts of a few sizes beside them. The engine is then left as it
+was but for its step costs: no sequences, an empty prefix cache, and its counters as they
+were (the made-up steps are not counted). A pool too small for eight streams beside the
+prompts preempts and recomputes some of them, and still comes back empty.
 """
 
 from __future__ import annotations
