@@ -43,6 +43,15 @@ def test_an_engine_too_small_for_the_prompts_is_left_unmeasured():
     assert e.step_costs.prompt_cost() is None and not e.sequences
 
 
+def test_a_pool_just_big_enough_for_the_prompts_calibrates_and_comes_back_empty():
+    """14 blocks of 16: room for the prompts, not for eight streams beside them as well;
+    the scheduler preempts some streams and the calibration still ends with every block free."""
+    e = make_engine(num_kv_blocks=14, block_size=16)
+    said = calibrate(e)
+    assert said.startswith("calibrated in"), said
+    assert not e.sequences and e.blocks.num_free_blocks == 14
+
+
 def test_a_busy_engine_is_refused(engine_fp32):
     e = engine_fp32
     e.add_request("The quick brown fox", PARAMS, "busy")
