@@ -91,7 +91,7 @@ class EngineConfig:
     # (measured step costs; None or 0 = no cap beyond max_num_batched_tokens). A TPOT SLO, where
     # one is set (`baton up --slo`, --autoscale, a PDDeployment), replaces it. 35 ms: with vLLM's
     # serving client on a Xeon with AMX, 50 ms let the chunk steps set ITL p99 at ~50 ms
-    # (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.92x at the same throughput (README, Serving)
+    # (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.93x at the same throughput (README, Serving)
     tpot_objective_s: float | None = 0.035
     # the longest step time saved against it may buy, in objectives (step_budget.py; 1: none)
     tpot_bank_objectives: float = 1.0
