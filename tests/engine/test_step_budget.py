@@ -141,7 +141,8 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     requests finish with the tokens they produce alone."""
     from baton.engine.sampling import SamplingParams
 
-    # a prompt of ~290 tokens: several chunks of half a decode step on any CPU measured so far
+    # a prompt of ~290 tokens, several chunks of half a decode step (12 sentences fit in two
+    # on a Xeon with AMX, where a decode step is slow beside its prompt tokens' cost)
     engine, greedy = engine_fp32, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     short, long = "Budgets:", "Seven tall ships sailed past the harbour wall at dawn. " * 24
     monkeypatch.setattr(engine.config, "tpot_objective_s", 1e-6)
