@@ -33,6 +33,7 @@ chunked setup lost a third of its throughput under the limit).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -141,7 +142,7 @@ class StepCosts:
             by_batch.setdefault(b, []).append(t)
         if not by_batch:
             return None
-        points = [(b, float(np.median(ts)), len(ts)) for b, ts in by_batch.items()]
+        points = [(b, statistics.median(ts), len(ts)) for b, ts in by_batch.items()]
         n = sum(w for _, _, w in points)
         mean_b = sum(b * w for b, _, w in points) / n
         mean_t = sum(t * w for _, t, w in points) / n
