@@ -8,7 +8,14 @@ import math
 import pytest
 
 from baton.router.admission import AdmissionQueue, Overloaded
-from baton.router.policy import PrefixIndex, WorkerSnapshot, choose_path, rank_decode, rank_prefill
+from baton.router.policy import (
+    PrefixIndex,
+    WorkerSnapshot,
+    affinity_slack,
+    choose_path,
+    rank_decode,
+    rank_prefill,
+)
 from baton.router.pool import positive_or_none
 from baton.router.threshold import ThresholdEstimator, parse_threshold, threshold_tokens
 from baton.router.worker_metrics import counter_deltas, parse_worker_counters
@@ -27,6 +34,36 @@ def test_decode_prefers_free_kv_then_fewest_running():
 def test_router_inflight_counts_as_load():
     workers = [w("a", running=1), w("b", running=0, inflight=3)]
     assert rank_decode(workers)[0].url == "a"
+
+
+def test_decode_prefers_the_worker_holding_the_prompts_prefix_while_loads_are_near():
+    index = PrefixIndex()
+    conversation = [11, 22, 33, 44]
+    index.record("a", [11, 22, 33])  # the conversation's last turn ran on a
+    index.record("b", [11])  # b saw only its system prompt
+    ranked = rank_decode([w("a", running=3), w("b", running=2), w("c", running=2)], set(), conversation, index)
+    assert [x.url for x in ranked] == ["a", "b", "c"]  # one more than the least busy: within the slack
+    ranked = rank_decode([w("a", running=4), w("b", running=2), w("c", running=2)], set(), conversation, index)
+    assert [x.url for x in ranked] == ["b", "c", "a"]  # two more: the load decides, so pools stay even
+    # the slack grows with the load: a quarter of the least busy worker's requests
+    ranked = rank_decode([w("a", running=15), w("b", running=12)], set(), conversation, index)
+    assert ranked[0].url == "a"
+    assert rank_decode([w("a", running=16), w("b", running=12)], set(), conversation, index)[0].url == "b"
+
+
+def test_decode_routing_by_prefix_leaves_the_load_order_where_nothing_is_cached_or_the_kv_is_full():
+    index = PrefixIndex()
+    workers = [w("a", running=1), w("b", running=0, kv_usage=0.5)]
+    assert [x.url for x in rank_decode(workers, set(), [7, 8], index)] == ["b", "a"]
+    index.record("a", [7, 8])
+    assert [x.url for x in rank_decode(workers, set(), [7, 8], index)] == ["a", "b"]
+    full = [w("a", running=0, kv_usage=0.99), w("b", running=1)]
+    assert [x.url for x in rank_decode(full, set(), [7, 8], index)] == ["b", "a"]  # a would refuse
+    assert [x.url for x in rank_decode(workers, {"a"}, [7, 8], index)] == ["b"]
+
+
+def test_affinity_slack():
+    assert [affinity_slack(n) for n in (0, 1, 4, 7, 8, 12, 40)] == [1, 1, 1, 1, 2, 3, 10]
 
 
 @pytest.mark.parametrize("bad", [dict(state="draining"), dict(state="resharding"), dict(healthy=False)])
@@ -142,6 +179,28 @@ def test_a_workers_measured_rate_is_read_only_when_it_is_one():
 def test_busy_counts_the_fresher_of_poll_and_own_requests():
     assert WorkerSnapshot("a", "decode", running=2, waiting=1, inflight=5).busy == 5
     assert WorkerSnapshot("a", "decode", running=4, waiting=1, inflight=2).busy == 5
+
+
+def test_current_moves_the_polled_count_by_the_requests_begun_or_ended_since():
+    # polled with 4 running, all 4 this router's; 3 ended since, 2 new ones begun
+    assert WorkerSnapshot("a", "decode", running=4, inflight=3, inflight_at_poll=4).current == 3
+    assert WorkerSnapshot("a", "decode", running=4, inflight=0, inflight_at_poll=4).current == 0
+    assert WorkerSnapshot("a", "decode", running=1, inflight=3, inflight_at_poll=0).current == 4
+    assert WorkerSnapshot("a", "decode", running=0, inflight=2, inflight_at_poll=3).current == 2
+
+
+def test_a_burst_sharing_a_system_prompt_right_after_other_work_spreads_evenly():
+    """The last poll saw four requests running on each worker, since ended; then eight
+    prompts with one system prompt arrive at once. By the stale poll's count each worker
+    looked four busy however many were sent to it, and the first to hold the system prompt
+    took six."""
+    index, system, sent = PrefixIndex(), list(range(16)), {"a": 0, "b": 0}
+    for i in range(8):
+        workers = [w(u, role="both", running=4, inflight=sent[u], inflight_at_poll=4) for u in "ab"]
+        chosen = rank_decode(workers, set(), [*system, 100 + i], index)[0].url
+        index.record(chosen, [*system, 100 + i])
+        sent[chosen] += 1
+    assert sent == {"a": 4, "b": 4}
 
 
 def test_estimator_falls_back_until_measured_then_follows_measurements():

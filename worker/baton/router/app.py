@@ -39,6 +39,7 @@ class RouterConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     reserve_headroom_tokens: int = RESERVE_HEADROOM_TOKENS  # see dispatch.py
     deadlines: Deadlines = field(default_factory=Deadlines)
+    prefix_affinity: bool = True  # decode workers chosen for cached prefixes too (policy.rank_decode)
 
 
 def _error(err: ApiError, headers: dict | None = None) -> JSONResponse:
@@ -52,7 +53,8 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
     client = WorkerClient(config.internal_token, token_timeout_s=config.token_timeout_s)
     pool = WorkerPool(client, estimator, poll_interval_s=config.poll_interval_s)
     dispatcher = Dispatcher(pool, client, estimator, config.block_size, metrics, config.deadlines,
-                            reserve_headroom_tokens=config.reserve_headroom_tokens)
+                            reserve_headroom_tokens=config.reserve_headroom_tokens,
+                            prefix_affinity=config.prefix_affinity)
     admission = AdmissionQueue(config.max_running, config.max_waiting)
 
     @asynccontextmanager

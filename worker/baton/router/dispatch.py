@@ -68,8 +68,9 @@ class Dispatcher:
     def __init__(self, pool: WorkerPool, client: WorkerClient, estimator: ThresholdEstimator,
                  block_size: int, metrics: RouterMetrics, deadlines: Deadlines | None = None,
                  index: PrefixIndex | None = None,
-                 reserve_headroom_tokens: int = RESERVE_HEADROOM_TOKENS):
+                 reserve_headroom_tokens: int = RESERVE_HEADROOM_TOKENS, prefix_affinity: bool = True):
         self.pool, self.client, self.estimator = pool, client, estimator
+        self.prefix_affinity = prefix_affinity
         self.reserve_headroom_tokens = reserve_headroom_tokens
         self.block_size = block_size
         self.metrics = metrics
@@ -102,7 +103,7 @@ class Dispatcher:
     # -- one attempt -------------------------------------------------------------------------
     async def _attempt(self, rid: str, prompt: list[int], params: dict) -> AsyncIterator[Chunk]:
         hashes = block_hashes(prompt, self.block_size)
-        decode = await self._decode_candidates()
+        decode = await self._decode_candidates(hashes=hashes)
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
         threshold = self.estimator.threshold(decoding=decode[0].busy,
@@ -117,16 +118,20 @@ class Dispatcher:
                 return
             except _FallBackLocal:
                 self.metrics.retries.labels("fallback_local").inc()
-                decode = await self._decode_candidates()
+                decode = await self._decode_candidates(hashes=hashes)
                 rid = f"{rid}-local"  # ids are single-use on a worker that saw a reservation
         async with aclosing(self._local(rid, prompt, params, hashes, decode[0].url)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
-    async def _decode_candidates(self, exclude: set[str] = frozenset()) -> list[WorkerSnapshot]:
+    async def _decode_candidates(self, exclude: set[str] = frozenset(),
+                                 hashes: list[int] | None = None) -> list[WorkerSnapshot]:
+        """Decode workers, best first; with the prompt's `hashes`, the one holding its longest
+        cached prefix first where loads allow (the path where it prefills in place)."""
         deadline = time.monotonic() + self.deadlines.no_worker_wait_s
         while True:
-            ranked = rank_decode(self.pool.snapshots(), exclude)
+            ranked = rank_decode(self.pool.snapshots(), exclude, hashes if self.prefix_affinity else None,
+                                 self.index)
             if ranked:
                 return ranked
             left = deadline - time.monotonic()

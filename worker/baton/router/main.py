@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserve-wait", type=float, default=None,
                         help="seconds a request waits for KV room on some decode worker before it "
                              "is prefilled where it decodes and queued there (default: 10)")
+    parser.add_argument("--decode-routing", choices=["prefix", "load"], default=env("BATON_DECODE_ROUTING", "prefix"),
+                        help="prefix: a decode worker holding more of the prompt's prefix in its cache is "
+                             "chosen while its load is near the least busy one's; load: the least busy only")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between worker state polls")
     parser.add_argument("--log-level", default="warning")
 
@@ -74,6 +77,8 @@ def build_app(args: argparse.Namespace):
                                         worker_port=args.worker_port)
     else:
         raise SystemExit("give --workers URL,URL or --discovery kubernetes --deployment NAME")
+    if args.decode_routing not in ("prefix", "load"):  # argparse leaves an environment default unchecked
+        raise SystemExit(f"--decode-routing (BATON_DECODE_ROUTING) must be 'prefix' or 'load', got {args.decode_routing!r}")
     if args.reserve_wait is not None and not args.reserve_wait > 0:
         raise SystemExit(f"--reserve-wait must be a positive number of seconds, got {args.reserve_wait}")
     deadlines = Deadlines() if args.reserve_wait is None else Deadlines(reserve_wait_s=args.reserve_wait)
@@ -84,7 +89,7 @@ def build_app(args: argparse.Namespace):
         disagg_threshold=parse_threshold(args.disagg_threshold),
         max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval,
         max_body_bytes=args.max_body_bytes, reserve_headroom_tokens=args.reserve_headroom_tokens,
-        deadlines=deadlines)
+        deadlines=deadlines, prefix_affinity=args.decode_routing == "prefix")
     return create_app(model, discovery, config)
 
 

@@ -26,6 +26,7 @@ class WorkerSnapshot:
     inflight: int = 0  # requests this router has outstanding there (fresher than a poll)
     inflight_tokens: int = 0  # of which prompt tokens still to prefill (prefill workers)
     prefill_s_per_token: float | None = None  # its own measured cost of a prompt token
+    inflight_at_poll: int = 0  # this router's outstanding requests there when it last polled
 
     @property
     def accepts_work(self) -> bool:
@@ -36,17 +37,47 @@ class WorkerSnapshot:
         return max(self.running + self.waiting, 0) + self.inflight
 
     @property
+    def current(self) -> int:
+        """Requests at work there now, as well as the router knows: the last poll's count,
+        moved by the requests it has sent there (+) or seen end (-) since. `busy` stays at a
+        stale poll's count while new requests arrive, and a burst that came right after
+        other work ended all went to one worker by it."""
+        return max(self.running + self.waiting + self.inflight - self.inflight_at_poll, self.inflight, 0)
+
+    @property
     def busy(self) -> int:
         """Requests at work there: the last poll's count, or this router's own outstanding
         ones when they are more (the poll may be older than they are)."""
         return max(self.running + self.waiting, self.inflight, 0)
 
 
-def rank_decode(workers: Iterable[WorkerSnapshot], exclude: set[str] = frozenset()) -> list[WorkerSnapshot]:
+def rank_decode(workers: Iterable[WorkerSnapshot], exclude: set[str] = frozenset(),
+                prompt_hashes: list[int] | None = None, index: PrefixIndex | None = None) -> list[WorkerSnapshot]:
     """Decode candidates, best first: room in the KV pool, then fewest running requests,
-    then the most free KV."""
+    then the most free KV. Given the prompt's block hashes and the index, a worker that
+    holds a longer cached prefix of it goes first while it runs at most `affinity_slack`
+    more requests than the least busy worker with room: where the request prefills in
+    place (colocated workers, a short uncached rest), the cached part is not computed
+    again, and a conversation's next turn finds its history where it left it."""
     eligible = [w for w in workers if w.accepts_work and w.role in DECODE_ROLES and w.url not in exclude]
-    return sorted(eligible, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.load, w.kv_usage, w.url))
+    by_load = sorted(eligible, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.load, w.kv_usage, w.url))
+    if not prompt_hashes or index is None:
+        return by_load
+    cached = {w.url: index.cached_blocks(w.url, prompt_hashes) for w in by_load}
+    roomy = [w for w in by_load if w.kv_usage < KV_NEARLY_FULL]
+    if not roomy or not any(cached[w.url] for w in roomy):
+        return by_load
+    least = min(w.current for w in roomy)
+    near = {w.url for w in roomy if w.current <= least + affinity_slack(least)}
+    return sorted(by_load, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.url not in near,
+                                          -cached[w.url] if w.url in near else 0))
+
+
+def affinity_slack(least_busy: int) -> int:
+    """How many more requests than the least busy worker a worker may run and still be
+    chosen for its cached prefix: one, or a quarter of the least busy one's, so the
+    workers' loads stay within about a quarter of each other."""
+    return max(1, least_busy // 4)
 
 
 def rank_prefill(workers: Iterable[WorkerSnapshot], prompt_hashes: list[int], index: PrefixIndex,

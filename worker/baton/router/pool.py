@@ -87,6 +87,7 @@ class WorkerPool:
 
     async def _poll(self, url: str) -> None:
         member = self._members.get(url)
+        outstanding = self._inflight.get(url, 0)  # those the state below counts, as far as known
         try:
             state = await self.client.state(url)
         except (WorkerUnavailable, WorkerRejected, ValueError) as e:
@@ -101,7 +102,8 @@ class WorkerPool:
             state=str(state.get("state") or "active"), healthy=True,
             running=int(state.get("running") or 0), waiting=int(state.get("waiting") or 0),
             kv_usage=float(state.get("kv_usage") or 0.0),
-            prefill_s_per_token=positive_or_none(state.get("prefill_seconds_per_token")))
+            prefill_s_per_token=positive_or_none(state.get("prefill_seconds_per_token")),
+            inflight_at_poll=outstanding)
         was_usable = url in self._snapshots and self._snapshots[url].accepts_work
         self._snapshots[url] = self._apply_labels(snap, member)
         if self._snapshots[url].accepts_work and not was_usable:
