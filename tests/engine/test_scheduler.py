@@ -84,3 +84,54 @@ def test_max_num_seqs_caps_the_running_batch():
         sched.add(seq(4, f"s{i}"))
     batch = sched.schedule()
     assert len(batch.prefills) == 2 and len(sched.waiting) == 1
+
+
+def shared(prefix: int, suffix: int, rid: str, first_suffix_token: int) -> Sequence:
+    tokens = list(range(1000, 1000 + prefix)) + list(range(first_suffix_token, first_suffix_token + suffix))
+    return Sequence(rid, tokens, SamplingParams())
+
+
+def registered(bm, batch):
+    """`complete`, then enter the full blocks into the prefix cache, as the engine does."""
+    complete(batch)
+    for s, _ in batch.prefills:
+        bm.register_full_blocks(s)
+
+
+def test_prompts_sharing_a_long_prefix_wait_a_step_for_it_to_be_cached():
+    bm, sched = make(num_blocks=256, block_size=16, budget=2048, chunk=0)
+    a, b, c = (shared(256, 64, rid, 50_000 + 100 * i) for i, rid in enumerate("abc"))
+    other = Sequence("other", list(range(70_000, 70_100)), SamplingParams())  # shares nothing: keeps its place
+    for s in (a, b, c, other):
+        sched.add(s)
+    first = sched.schedule()
+    assert [(s.request_id, n) for s, n in first.prefills] == [("a", 320)]
+    assert b.block_table == [] and b.num_computed_tokens == 0  # its matched blocks went back
+    registered(bm, first)
+    second = sched.schedule()
+    assert [(s.request_id, n) for s, n in second.prefills] == [("b", 64), ("c", 64), ("other", 100)]
+    assert b.num_cached_tokens == c.num_cached_tokens == 256
+    assert bm.prefix_hits == 512
+
+
+def test_prompts_sharing_a_block_or_two_run_together():
+    bm, sched = make(num_blocks=256, block_size=16, budget=2048, chunk=0)
+    a, b = shared(48, 64, "a", 50_000), shared(48, 64, "b", 60_000)  # 3 shared blocks: 48 tokens
+    sched.add(a)
+    sched.add(b)
+    assert [(s.request_id, n) for s, n in sched.schedule().prefills] == [("a", 112), ("b", 112)]
+
+
+def test_a_chunked_prompt_keeps_the_one_sharing_it_a_step_behind():
+    bm, sched = make(num_blocks=256, block_size=16, budget=128, chunk=128)
+    a, b = shared(384, 32, "a", 50_000), shared(384, 32, "b", 60_000)
+    sched.add(a)
+    sched.add(b)
+    taken = []
+    for _ in range(6):
+        batch = sched.schedule()
+        taken.append([(s.request_id, n) for s, n in batch.prefills])
+        registered(bm, batch)
+    # a computes 128 tokens a step; b never computes a block a computes in the same step
+    assert taken[:4] == [[("a", 128)], [("a", 128)], [("a", 128)], [("a", 32), ("b", 32)]]
+    assert b.num_cached_tokens == 384
