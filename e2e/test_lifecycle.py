@@ -65,10 +65,57 @@ def scale_decode(cluster, replicas: int) -> None:
     assert cluster.get("pdd", DEPLOYMENT)["spec"]["decode"]["replicas"] == replicas
 
 
-def test_scaling_decode_down_migrates_running_streams(cluster, policies):
+def two_decode_workers(cluster) -> list[dict]:
     scale_decode(cluster, 2)
-    wait_for(lambda: len([p for p in pods(cluster, f"{WORKERS},baton.dev/role=decode")
-                          if is_ready(p)]) == 2, 300, "two Ready decode workers", every=2)
+    return wait_for(lambda: ready if len(ready := [p for p in pods(cluster, f"{WORKERS},baton.dev/role=decode")
+                                                   if is_ready(p)]) == 2 else None,
+                    300, "two Ready decode workers", every=2)
+
+
+def prompts_seen(decoders: list[dict]) -> dict[str, float]:
+    """Each decode pod's prompt tokens looked up in its prefix cache so far."""
+    return {p["status"]["podIP"]: metric(httpx.get(f"http://{p['status']['podIP']}:8100/metrics", timeout=10).text,
+                                         "baton_prefix_cache_queries_total") for p in decoders}
+
+
+def test_a_conversations_next_turn_returns_to_the_worker_holding_its_history(cluster, policies):
+    """Below the sample's 512-token threshold each turn prefills where it decodes; the second
+    turn goes back to the first one's worker although a stream keeps that worker busier."""
+    decoders = two_decode_workers(cluster)
+    client = openai.OpenAI(base_url=f"{router_url(cluster, DEPLOYMENT)}/v1", api_key="none",
+                           max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    history = "A conversation about lighthouses, their keepers and the ships they guided. " * 12
+
+    def turn(prompt: str, tokens: int, **kw):
+        before = prompts_seen(decoders)
+        answer = client.completions.create(model=model, prompt=prompt, max_tokens=tokens, temperature=0, **kw)
+        after = prompts_seen(decoders)
+        (where,) = [ip for ip in after if after[ip] > before[ip]]
+        return answer, where
+
+    first, home = turn(history, 8)
+    # a long stream sharing the history's prefix, left running: the prefix brings it home too
+    before = prompts_seen(decoders)
+    holder = client.completions.create(model=model, prompt=history + " Tell it all again.", max_tokens=400,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    try:
+        next(iter(holder))  # admitted and decoding
+        after = prompts_seen(decoders)
+        assert [ip for ip in after if after[ip] > before[ip]] == [home]
+        hits_before = metric(httpx.get(f"http://{home}:8100/metrics", timeout=10).text,
+                             "baton_prefix_cache_hits_total")
+        _, where = turn(history + first.choices[0].text + " And then?", 8)
+        hits = metric(httpx.get(f"http://{home}:8100/metrics", timeout=10).text,
+                      "baton_prefix_cache_hits_total") - hits_before
+    finally:
+        holder.close()
+    assert where == home  # one stream busier than the other worker: within the router's slack
+    assert hits >= 96  # the history's full blocks were not computed again
+
+
+def test_scaling_decode_down_migrates_running_streams(cluster, policies):
+    two_decode_workers(cluster)
     client = openai.OpenAI(base_url=f"{router_url(cluster, DEPLOYMENT)}/v1", api_key="none",
                            max_retries=0, timeout=300)
     model = client.models.list().data[0].id
