@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from baton.loadgen.datasets import interference_longs, random_dataset, shared_prefix_dataset
+from baton.loadgen.datasets import (
+    interference_longs,
+    multi_turn_dataset,
+    random_dataset,
+    shared_prefix_dataset,
+)
 from baton.loadgen.records import records_from_json
 from baton.loadgen.stats import RequestRecord, Slo, parse_slo, percentile, summarize
 from baton.loadgen.timeline import plot_timeline
@@ -43,6 +48,19 @@ def test_datasets_are_exact_and_repeatable():
     assert shared[0].prompt[:32] == shared[2].prompt[:32] != shared[1].prompt[:32]
     longs = interference_longs(duration_s=10, every_s=3, input_len=100, output_len=4, first_at_s=1)
     assert [r.at for r in longs] == [1, 4, 7] and all(r.kind == "long" for r in longs)
+
+
+def test_a_sessions_turns_each_extend_the_last_turns_prompt():
+    sessions = multi_turn_dataset(3, turns=4, system_len=32, user_len=8, reply_len=5, output_len=5, seed=1)
+    assert sessions == multi_turn_dataset(3, turns=4, system_len=32, user_len=8, reply_len=5, output_len=5, seed=1)
+    assert len(sessions) == 3 and all(len(turns) == 4 for turns in sessions)
+    for turns in sessions:
+        assert [len(t.prompt) for t in turns] == [40, 53, 66, 79]  # + the stand-in reply and a new message
+        assert [t.kind for t in turns] == ["first", "follow-up", "follow-up", "follow-up"]
+        for earlier, later in zip(turns, turns[1:]):
+            assert later.prompt[: len(earlier.prompt)] == earlier.prompt
+    firsts = [turns[0].prompt for turns in sessions]
+    assert firsts[0][:32] == firsts[1][:32] and firsts[0][32:] != firsts[1][32:]  # one system prompt
 
 
 def test_timeline_png(tmp_path):

@@ -42,6 +42,27 @@ def shared_prefix_dataset(num: int, prefix_len: int, suffix_len: int, output_len
                         kind=f"prefix-{i % num_prefixes}") for i in range(num)]
 
 
+def multi_turn_dataset(conversations: int, turns: int, system_len: int, user_len: int, reply_len: int,
+                       output_len: int, seed: int = 0,
+                       vocab: tuple[int, int] = (100, 30000)) -> list[list[RequestSpec]]:
+    """Chat sessions: each turn's prompt is one system prompt (shared by every session), the
+    session's earlier turns and a new user message. The earlier replies in a prompt are
+    fixed stand-ins of `reply_len` tokens, not what the server generated, so every server
+    gets the same prompts: a turn finds at most the previous turn's prompt in a prefix
+    cache. Turn 1 is kind "first", the rest "follow-up"."""
+    rng = random.Random(seed)
+    system = _tokens(rng, system_len, vocab)
+    sessions = []
+    for _ in range(conversations):
+        history, specs = list(system), []
+        for turn in range(turns):
+            history += _tokens(rng, user_len, vocab)
+            specs.append(RequestSpec(list(history), output_len, kind="first" if turn == 0 else "follow-up"))
+            history += _tokens(rng, reply_len, vocab)
+        sessions.append(specs)
+    return sessions
+
+
 def interference_longs(duration_s: float, every_s: float, input_len: int, output_len: int,
                        first_at_s: float = 2.0, seed: int = 1,
                        vocab: tuple[int, int] = (100, 30000)) -> list[RequestSpec]:

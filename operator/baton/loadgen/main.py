@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     parser.add_argument("--model", default=None, help="default: the first model the server lists")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--dataset", choices=["random", "shared-prefix", "interference"], default="random")
+    parser.add_argument("--dataset", choices=["random", "shared-prefix", "interference", "multi-turn"],
+                        default="random")
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (closed loop), or "
                         "the number of short streams (interference)")
@@ -28,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--range-ratio", type=float, default=0.0, help="random lengths within ±ratio")
     parser.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: shared tokens")
     parser.add_argument("--num-prefixes", type=int, default=4)
+    parser.add_argument("--conversations", type=int, default=16, help="multi-turn: sessions (--concurrency "
+                        "at once; --prefix-len system prompt, --input-len user turns, --output-len replies)")
+    parser.add_argument("--turns", type=int, default=4, help="multi-turn: turns per session")
+    parser.add_argument("--think-time", type=float, default=0.0,
+                        help="multi-turn: seconds between a reply and the session's next turn")
     parser.add_argument("--long-input-len", type=int, default=2000, help="interference: long prompt")
     parser.add_argument("--long-output-len", type=int, default=8)
     parser.add_argument("--long-every", type=float, default=4.0, help="interference: seconds between long prompts")
@@ -82,6 +88,11 @@ async def bench(args: argparse.Namespace) -> dict:
             progress = Progress(None, not args.no_progress)
             records = await runner.run_interference(target, make_short, args.concurrency, longs,
                                                     args.duration, progress)
+        elif args.dataset == "multi-turn":
+            sessions = datasets.multi_turn_dataset(args.conversations, args.turns, args.prefix_len, args.input_len,
+                                                   args.output_len, args.output_len, args.seed)
+            progress = Progress(sum(len(s) for s in sessions), not args.no_progress)
+            records = await runner.run_conversations(target, sessions, args.concurrency, progress, args.think_time)
         else:
             if args.dataset == "random":
                 specs = datasets.random_dataset(args.num_prompts, args.input_len, args.output_len,

@@ -103,6 +103,32 @@ async def run_closed_loop(target: Target, specs: list[RequestSpec], concurrency:
     return [r for r in records if r is not None]
 
 
+async def run_conversations(target: Target, sessions: list[list[RequestSpec]], concurrency: int,
+                            on_done: Callable[[RequestRecord], None], think_s: float = 0.0) -> list[RequestRecord]:
+    """At most `concurrency` sessions at once, each sending its turns one after another (the
+    next `think_s` after the previous reply has ended, as a reader would), the next session as
+    soon as one ends."""
+    t0 = time.perf_counter()
+    gate = asyncio.Semaphore(max(1, concurrency))
+    counter = iter(range(10**9))
+
+    async def session(specs: list[RequestSpec]) -> list[RequestRecord]:
+        records = []
+        async with gate:
+            for spec in specs:
+                record = await send(target, spec, next(counter), t0)
+                on_done(record)
+                records.append(record)
+                if not record.success:
+                    break  # a turn without its reply: the session ends here
+                if think_s > 0 and spec is not specs[-1]:
+                    await asyncio.sleep(think_s)
+        return records
+
+    done = await asyncio.gather(*(session(specs) for specs in sessions))
+    return [r for records in done for r in records]
+
+
 async def run_poisson(target: Target, specs: list[RequestSpec], rate: float, concurrency: int | None,
                       on_done: Callable[[RequestRecord], None], seed: int = 0) -> list[RequestRecord]:
     """Arrivals at `rate` requests/s with exponential gaps (optionally capped in flight)."""
