@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from baton.engine.block_manager import BlockManager, block_hashes
 from baton.engine.sequence import Sequence, SequenceStatus
 
-
 # A waiting prompt whose next uncached blocks another prompt of this step computes waits one
 # step and finds them cached, where it shares at least this many tokens: a step's fixed cost
 # on a CPU (the quantized weights' panels, 15-20 ms on one core) is what ~64 prompt tokens
