@@ -7,6 +7,7 @@ import time
 import pytest
 
 from baton.engine.config import EngineConfig
+from baton.engine.scheduler import DEFER_SHARED_TOKENS
 from baton.engine.step_budget import (
     BATCH_FIXED_SHARE,
     DEFAULT_BANK_OBJECTIVES,
@@ -19,7 +20,6 @@ from baton.engine.step_budget import (
     shared_tokens_worth_a_step,
     step_allowance_s,
 )
-from baton.engine.scheduler import DEFER_SHARED_TOKENS
 from tests.engine.test_scheduler import complete, make, seq
 
 
