@@ -18,9 +18,9 @@ from baton.engine.sequence import Sequence, SequenceStatus
 # step and finds them cached, where it shares at least this many tokens. Waiting costs it a
 # step's fixed part F and saves it s per shared token, so the engine passes F/s from its own
 # measured step costs; this stands in until they are known (workers' calibrations on a Xeon
-# core gave F 5-8 ms, s 0.07-0.28 ms). Two 320-token prompts with one 256-token system prompt, sent together to a
-# worker there, got their first tokens after ~320 ms in one step; a step apart, after ~130
-# and ~230 ms.
+# core gave F 5-8 ms, s 0.07-0.28 ms). Two 320-token prompts with one 256-token system
+# prompt, sent together to a worker there, got their first tokens after ~320 ms in one step;
+# a step apart, after ~130 and ~230 ms.
 DEFER_SHARED_TOKENS = 64
 
 

@@ -229,14 +229,14 @@ def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]
     return max(allowance, tpot_objective_s)
 
 
-def shared_tokens_worth_a_step(costs: StepCosts, block_size: int, default: int | None = None) -> int:
+def shared_tokens_worth_a_step(costs: StepCosts, block_size: int) -> int:
     """How many prompt tokens a waiting prompt must share with a step's prompts to wait a
     step for them to be cached (scheduler.py): F/s, what a step's fixed cost buys in prompt
-    tokens, by this engine's own steps; `default` (scheduler.DEFER_SHARED_TOKENS) until F
-    is measured. Never under a block: less is never cached."""
+    tokens, by this engine's own steps; scheduler.DEFER_SHARED_TOKENS until F is measured.
+    Never under a block: less is never cached."""
     cost = costs.prompt_cost()
     if cost is None or cost.fixed <= 0:
-        return DEFER_SHARED_TOKENS if default is None else default
+        return DEFER_SHARED_TOKENS
     return max(block_size, math.ceil(cost.fixed / cost.marginal()))
 
 

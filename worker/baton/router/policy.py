@@ -40,8 +40,8 @@ class WorkerSnapshot:
     def current(self) -> int:
         """Requests at work there now, as well as the router knows: the last poll's count,
         moved by the requests it has sent there (+) or seen end (-) since. `busy` stays at a
-        stale poll's count while new requests arrive, and a burst that came right after
-        other work ended all went to one worker by it."""
+        stale poll's count while new requests arrive: by it a burst that came right after
+        other work ended went six to two."""
         return max(self.running + self.waiting + self.inflight - self.inflight_at_poll, self.inflight, 0)
 
     @property
