@@ -7,7 +7,6 @@ import time
 import pytest
 
 from baton.engine.config import EngineConfig
-from baton.engine.scheduler import DEFER_SHARED_TOKENS
 from baton.engine.step_budget import (
     BATCH_FIXED_SHARE,
     DEFAULT_BANK_OBJECTIVES,
@@ -17,7 +16,6 @@ from baton.engine.step_budget import (
     attention_work,
     prefill_token_budget,
     prompt_batch_tokens,
-    shared_tokens_worth_a_step,
     step_allowance_s,
 )
 from tests.engine.test_scheduler import complete, make, seq
@@ -31,20 +29,6 @@ def costs_of(intercept_s: float, per_seq_s: float, per_token_s: float) -> StepCo
     for b, p in ((2, 64), (4, 128), (0, 256)):
         costs.observe(b, p, intercept_s + per_seq_s * b + per_token_s * p)
     return costs
-
-
-def test_a_prompt_waits_for_as_many_shared_tokens_as_a_steps_fixed_cost_buys():
-    costs = StepCosts()
-    for b in (1, 2, 4, 8):
-        costs.observe(b, 0, 0.010 + 0.001 * b)
-    assert shared_tokens_worth_a_step(costs, 16) == DEFER_SHARED_TOKENS  # no prompt step seen yet
-    for b, p in ((2, 32), (4, 128), (1, 256), (3, 64)):  # F = 8 ms, s = 0.2 ms a token
-        costs.observe(b, p, 0.010 + 0.001 * b + 0.008 + 0.0002 * p)
-    assert shared_tokens_worth_a_step(costs, 16) in (40, 41)
-    cheap = StepCosts()  # a fixed cost worth less than a block
-    for b, p in ((0, 32), (0, 128), (0, 256)):
-        cheap.observe(b, p, 0.0001 + 0.0002 * p)
-    assert shared_tokens_worth_a_step(cheap, 16) == 16
 
 
 def test_decode_cost_is_the_line_through_decode_only_steps():
@@ -165,14 +149,14 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     seen, bounds = [], []  # each step's batch; half a decode step in prompt tokens, as costs stood
     schedule = engine.scheduler.schedule
 
-    def recorded(cap=None, admission_cap=None, *rest):
+    def recorded(cap=None, admission_cap=None):
         costs, decodes = engine.step_costs, engine.scheduler.num_decoding()
         if decodes and costs.prompt_cost() and costs.decode_step_s(decodes) is not None:
             bounds.append(max(MIN_PROMPT_TOKENS_PER_STEP,
                               UNREACHABLE_SHARE * costs.decode_step_s(decodes) / costs.prompt_cost()[1]))
         else:
             bounds.append(None)  # nothing measured yet: no cap
-        seen.append(schedule(cap, admission_cap, *rest))
+        seen.append(schedule(cap, admission_cap))
         return seen[-1]
 
     monkeypatch.setattr(engine.scheduler, "schedule", recorded)

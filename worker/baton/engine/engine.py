@@ -24,7 +24,6 @@ from baton.engine.step_budget import (
     attention_work,
     prefill_token_budget,
     prompt_batch_tokens,
-    shared_tokens_worth_a_step,
     step_allowance_s,
 )
 from baton.engine.stopping import StopChecker
@@ -269,8 +268,7 @@ class Engine:
         A failure is charged to the sequences that cause it: the batch is re-run one
         sequence at a time, those that fail alone end with the error, the others go on."""
         cap = self._prefill_cap()
-        batch = self.scheduler.schedule(cap, self._admission_cap(),
-                                        shared_tokens_worth_a_step(self.step_costs, self.config.block_size))
+        batch = self.scheduler.schedule(cap, self._admission_cap())
         if cap == 0 and self._prompts_deferred_since is None:
             self._prompts_deferred_since = time.monotonic()
         elif batch.prefills:

@@ -16,11 +16,12 @@ from baton.engine.sequence import Sequence, SequenceStatus
 
 # A waiting prompt whose next uncached blocks another prompt of this step computes waits one
 # step and finds them cached, where it shares at least this many tokens. Waiting costs it a
-# step's fixed part F and saves it s per shared token, so the engine passes F/s from its own
-# measured step costs; this stands in until they are known (workers' calibrations on a Xeon
-# core gave F 5-8 ms, s 0.07-0.28 ms). Two 320-token prompts with one 256-token system
-# prompt, sent together to a worker there, got their first tokens after ~320 ms in one step;
-# a step apart, after ~130 and ~230 ms.
+# step's fixed part F and saves it s per shared token: workers' calibrations on a Xeon core
+# gave F 5-8 ms and s 0.07-0.28 ms, F/s 20-100. A constant, not each worker's measured F/s: a
+# threshold that moves with step timings makes the same prompts schedule differently from run
+# to run (two engines of a test, on the same prompts, once took 27 and 28 steps by it). Two
+# 320-token prompts with one 256-token system prompt, sent together to a worker there, got
+# their first tokens after ~320 ms in one step; a step apart, after ~130 and ~230 ms.
 DEFER_SHARED_TOKENS = 64
 
 
@@ -74,22 +75,19 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- the decision ----------------------------------------------------------------
-    def schedule(self, prefill_cap: int | None = None, admission_cap: int | None = None,
-                 defer_shared_tokens: int = DEFER_SHARED_TOKENS) -> ScheduledBatch:
+    def schedule(self, prefill_cap: int | None = None, admission_cap: int | None = None) -> ScheduledBatch:
         """`prefill_cap`: at most this many prompt tokens next to the running decodes (the
         engine's TPOT budget); the step's own token budget applies in any case.
         `admission_cap`: at most this many tokens of prompts that start and finish their
         prefill in this step, the first one whatever its length (a prefill worker's batch
         limit: these all get their first token at the step's end). A prompt that starts
-        with a chunk, or is already under way, is outside it. `defer_shared_tokens`: a
-        waiting prompt sharing this many uncached tokens with the step's prompts waits for
-        them to be cached (DEFER_SHARED_TOKENS)."""
+        with a chunk, or is already under way, is outside it."""
         batch = ScheduledBatch()
         budget = self._schedule_decodes(batch, self.max_num_batched_tokens)
         if prefill_cap is not None:
             budget = min(budget, prefill_cap)
         budget = self._schedule_running_prefills(batch, budget)
-        self._admit_waiting(batch, budget, admission_cap, defer_shared_tokens)
+        self._admit_waiting(batch, budget, admission_cap)
         return batch
 
     def decoding(self) -> list[Sequence]:
@@ -162,8 +160,7 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, batch: ScheduledBatch, budget: int, finishing_cap: int | None = None,
-                       defer_shared_tokens: int = DEFER_SHARED_TOKENS) -> None:
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int, finishing_cap: int | None = None) -> None:
         finishing = 0  # tokens of prompts admitted whole this step
         computing: set[int] | None = None  # hashes of the full blocks this step's prompts compute
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -177,7 +174,7 @@ class Scheduler:
             if n and batch.prefills and self.blocks.enable_prefix_caching:
                 if computing is None:
                     computing = self._blocks_computed(batch)
-                if self._shared_tokens(seq, computing) >= defer_shared_tokens:
+                if self._shared_tokens(seq, computing) >= DEFER_SHARED_TOKENS:
                     n = 0  # the next step finds them cached
             if n == 0 or self.blocks.blocks_needed(
                 seq, seq.num_computed_tokens + n

@@ -40,8 +40,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from baton.engine.scheduler import DEFER_SHARED_TOKENS
-
 MIN_PROMPT_TOKENS_PER_STEP = 16  # a prompt always advances
 UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once decodes alone exceed T
 # The longest step that saved time may pay for, in objectives. 1: no step runs past T, so
@@ -227,17 +225,6 @@ def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]
     for tokens, seconds in paces:
         allowance = min(allowance, tpot_objective_s * (tokens + 1) - seconds)
     return max(allowance, tpot_objective_s)
-
-
-def shared_tokens_worth_a_step(costs: StepCosts, block_size: int) -> int:
-    """How many prompt tokens a waiting prompt must share with a step's prompts to wait a
-    step for them to be cached (scheduler.py): F/s, what a step's fixed cost buys in prompt
-    tokens, by this engine's own steps; scheduler.DEFER_SHARED_TOKENS until F is measured.
-    Never under a block: less is never cached."""
-    cost = costs.prompt_cost()
-    if cost is None or cost.fixed <= 0:
-        return DEFER_SHARED_TOKENS
-    return max(block_size, math.ceil(cost.fixed / cost.marginal()))
 
 
 def prompt_batch_tokens(costs: StepCosts, ceiling: int, least: int) -> int:
