@@ -114,6 +114,18 @@ def test_prompts_sharing_a_long_prefix_wait_a_step_for_it_to_be_cached():
     assert bm.prefix_hits == 512
 
 
+def test_a_prompt_admitted_after_the_first_check_counts_for_the_ones_behind_it():
+    bm, sched = make(num_blocks=256, block_size=16, budget=2048, chunk=0)
+    lone = Sequence("lone", list(range(70_000, 70_100)), SamplingParams())
+    x, y = shared(256, 64, "x", 50_000), shared(256, 64, "y", 60_000)
+    for s in (lone, x, y):
+        sched.add(s)
+    first = sched.schedule()  # x is checked against lone's blocks; y against lone's and x's
+    assert [(s.request_id, n) for s, n in first.prefills] == [("lone", 100), ("x", 320)]
+    registered(bm, first)
+    assert [(s.request_id, n) for s, n in sched.schedule().prefills] == [("y", 64)]
+
+
 def test_prompts_sharing_a_block_or_two_run_together():
     bm, sched = make(num_blocks=256, block_size=16, budget=2048, chunk=0)
     a, b = shared(48, 64, "a", 50_000), shared(48, 64, "b", 60_000)  # 3 shared blocks: 48 tokens

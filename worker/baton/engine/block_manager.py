@@ -23,9 +23,10 @@ def chain_hash(prev_hash: int | None, tokens: list[int]) -> int:
     return int.from_bytes(digest.digest(), "little")
 
 
-def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
-    """Chained hashes of every full block of a token list (what a router matches on)."""
-    hashes, prev = [], None
+def block_hashes(token_ids: list[int], block_size: int, prev: int | None = None) -> list[int]:
+    """Chained hashes of every full block of a token list (what a router matches on); `prev`:
+    the hash of the block before the list, where it continues a sequence."""
+    hashes = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         prev = chain_hash(prev, token_ids[start : start + block_size])
         hashes.append(prev)

@@ -173,7 +173,7 @@ class Scheduler:
                 n = 0  # a later step starts it, with fewer prompts to wait for
             if n and batch.prefills and self.blocks.enable_prefix_caching:
                 if computing is None:
-                    computing = self._blocks_computed(batch)
+                    computing = {h for s, k in batch.prefills for h in self._new_block_hashes(s, k)}
                 if self._shared_tokens(seq, computing) >= DEFER_SHARED_TOKENS:
                     n = 0  # the next step finds them cached
             if n == 0 or self.blocks.blocks_needed(
@@ -191,23 +191,24 @@ class Scheduler:
             batch.prefills.append((seq, n))
             budget -= n
             finishing += n if whole else 0
+            if computing is not None:  # later prompts may share this one's blocks too
+                computing.update(self._new_block_hashes(seq, n))
 
-    def _blocks_computed(self, batch: ScheduledBatch) -> set[int]:
-        """Hashes of the full blocks the prompt chunks of `batch` compute."""
+    def _new_block_hashes(self, seq: Sequence, tokens: int) -> list[int]:
+        """Hashes of the full blocks `seq` completes with its next `tokens` tokens, the chain
+        taken up from its last registered block (its computed or cached prefix is not hashed
+        again: a sequence's registered blocks are all its computed full blocks)."""
         size = self.blocks.block_size
-        found: set[int] = set()
-        for seq, n in batch.prefills:
-            end = seq.num_computed_tokens + n
-            found.update(block_hashes(seq.token_ids[:end], size)[seq.num_computed_tokens // size:])
-        return found
+        start = seq.num_hashed_blocks * size
+        return block_hashes(seq.token_ids[start : seq.num_computed_tokens + tokens], size, seq.last_block_hash)
 
     def _shared_tokens(self, seq: Sequence, computing: set[int]) -> int:
         """Tokens of `seq`'s next uncached full blocks (up to the last one it could take from
         the cache) that another prompt computes this step."""
         size = self.blocks.block_size
-        hashes = block_hashes(seq.token_ids[: (seq.num_tokens - 1) // size * size], size)
+        last = (seq.num_tokens - 1) // size * size
         shared = 0
-        for h in hashes[seq.num_computed_tokens // size:]:
+        for h in self._new_block_hashes(seq, last - seq.num_computed_tokens):
             if h not in computing:
                 break
             shared += size
