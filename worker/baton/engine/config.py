@@ -8,11 +8,16 @@ from dataclasses import dataclass, field
 import torch
 
 from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
+from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
 
 ROLES = ("prefill", "decode", "both")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("auto", "none")  # auto: a checkpoint's quantized blocks as they are; none: full precision
 RANK_PLACEMENTS = ("pack", "spread")  # where a worker's other tensor-parallel ranks run (Ray)
+# Prompt tokens per step are capped so running decodes keep this time per output token. 35 ms:
+# with vLLM's serving client on a Xeon with AMX, 50 ms let the chunk steps set ITL p99 at
+# ~50 ms (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.93x at the same throughput (README, Serving)
+DEFAULT_TPOT_OBJECTIVE_S = 0.035
 
 
 @dataclass(frozen=True)
@@ -89,12 +94,10 @@ class EngineConfig:
     chunk_size: int = 512  # longest prefill chunk; 0 = whole prompts
     # prompt tokens per step are capped so running decodes keep this time per output token
     # (measured step costs; None or 0 = no cap beyond max_num_batched_tokens). A TPOT SLO, where
-    # one is set (`baton up --slo`, --autoscale, a PDDeployment), replaces it. 35 ms: with vLLM's
-    # serving client on a Xeon with AMX, 50 ms let the chunk steps set ITL p99 at ~50 ms
-    # (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.93x at the same throughput (README, Serving)
-    tpot_objective_s: float | None = 0.035
+    # one is set (`baton up --slo`, --autoscale, a PDDeployment), replaces it.
+    tpot_objective_s: float | None = DEFAULT_TPOT_OBJECTIVE_S
     # the longest step time saved against it may buy, in objectives (step_budget.py; 1: none)
-    tpot_bank_objectives: float = 1.0
+    tpot_bank_objectives: float = DEFAULT_BANK_OBJECTIVES
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     role: str = "both"

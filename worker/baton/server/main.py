@@ -6,7 +6,8 @@ import logging
 import os
 import sys
 
-from baton.engine.config import QUANTIZATIONS
+from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, QUANTIZATIONS
+from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
 from baton.kv.transport import TOKEN_ENV
 from baton.server.settings import KV_TRANSPORTS, WorkerSettings
 
@@ -35,11 +36,11 @@ def add_arguments(parser) -> None:
                         help="longest prefill chunk (0: whole prompts); default 0 for prefill "
                         "workers (no decodes to protect, and every layer streams while the "
                         "prompt computes), 512 otherwise")
-    parser.add_argument("--tpot-objective-ms", type=float, default=35.0,
+    parser.add_argument("--tpot-objective-ms", type=float, default=DEFAULT_TPOT_OBJECTIVE_S * 1e3,
                         help="cap prompt tokens per step so running decodes keep this time per "
                         "output token, each gap between tokens too (from measured step costs; "
                         "0: no cap)")
-    parser.add_argument("--tpot-bank-objectives", type=float, default=1.0,
+    parser.add_argument("--tpot-bank-objectives", type=float, default=DEFAULT_BANK_OBJECTIVES,
                         help="the longest step that time saved against the objective may buy, in "
                         "objectives: 1 keeps every step within it (each gap between tokens), more "
                         "lets a prompt run in fewer, larger chunks")

@@ -6,7 +6,8 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from baton.engine.config import ROLES
+from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, ROLES
+from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
 from baton.kv.endpoint import is_loopback
 
 KV_TRANSPORTS = ("tcp", "shm", "auto")
@@ -28,8 +29,8 @@ class WorkerSettings:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     chunk_size: int = 512
-    tpot_objective_s: float = 0.035  # prompt tokens per step capped to keep it (0: no cap)
-    tpot_bank_objectives: float = 1.0  # the longest step saved time may buy, in objectives
+    tpot_objective_s: float = DEFAULT_TPOT_OBJECTIVE_S  # prompt tokens per step capped to keep it (0: no cap)
+    tpot_bank_objectives: float = DEFAULT_BANK_OBJECTIVES  # the longest step saved time may buy, in objectives
     commit_hold: float = 0.5  # a step waits up to this part of a step for a prompt's KV due (0: never)
     kv_cache_memory_gb: float = 1.0
     num_kv_blocks: int | None = None
