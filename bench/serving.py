@@ -130,6 +130,7 @@ def main() -> None:
             rows[name] = summary(result)
             if name in LAYOUTS:
                 rows[name]["prefill_placements"] = server.placements()
+                rows[name]["worker_steps"] = server.worker_steps()  # the warm-ups' steps too
         except Exception as exc:  # one system failing still leaves the others' numbers
             rows[name] = {"error": str(exc)[-2000:]}
         finally:

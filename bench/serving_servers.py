@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+from step_histograms import step_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,16 @@ class Server:
                 path = line.split('path="', 1)[1].split('"', 1)[0] if 'path="' in line else line
                 found[path] = found.get(path, 0.0) + float(line.rsplit(" ", 1)[1])
         return found
+
+    def worker_steps(self) -> dict[str, dict]:
+        """Baton: each worker's engine steps by kind (step_histograms.step_summary), keyed by
+        role and address; empty elsewhere."""
+        try:
+            workers = httpx.get(self.url + "/router/state", timeout=5.0).json()["workers"]
+            return {f"{w['role']}@{w['url']}": step_summary(httpx.get(w["url"] + "/metrics", timeout=5.0).text)
+                    for w in workers}
+        except (httpx.HTTPError, KeyError, ValueError):
+            return {}
 
     def stop(self, timeout_s: float = 60.0) -> None:
         if self.proc.poll() is None:

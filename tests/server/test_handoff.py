@@ -9,7 +9,7 @@ import pytest
 
 from baton.kv.transport import TransferRefused, select_transport
 from tests.server.conftest import GREEDY
-from tests.server.workers import handoff, new_id
+from tests.server.workers import generate, handoff, new_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("blocks_restored")]
 
@@ -154,10 +154,43 @@ def test_metrics_follow_the_contract(cluster):
                  "baton_prompt_tokens_total", "baton_generation_tokens_total",
                  "baton_kv_transfer_bytes_total", "baton_kv_transfer_seconds_bucket",
                  "baton_kv_exposed_transfer_seconds_bucket", "baton_prefill_busy_seconds_total",
-                 "baton_commit_hold_seconds_total",
+                 "baton_commit_hold_seconds_total", "baton_step_seconds_bucket", "baton_step_prompt_tokens_bucket",
                  "baton_worker_role", "baton_role_conversions_total", "baton_migrations_total"]:
         assert f"{name}{{" in text or f"{name} " in text, name
     assert 'baton_worker_role{role="decode"} 1.0' in text
+
+
+def step_series(worker) -> dict[tuple[str, str], float]:
+    """(metric, kind) -> value of the step histograms' _count and _sum series."""
+    found = {}
+    for line in worker.get("/metrics").text.splitlines():
+        name = line.split("{", 1)[0]
+        if name.startswith("baton_step_") and name.endswith(("_count", "_sum")):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            found[(name, kind)] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_step_metrics_count_every_step_and_prompt_token(cluster, prompt_ids):
+    """A colocated request: its prompt runs in prompt-only steps (chunks of at most 512), its
+    other tokens in decode-only steps, and the step histograms account for all of them."""
+    both = cluster["both"]
+    before, prompt_before = step_series(both), both.metric("baton_prompt_tokens_total")
+    busy_before = both.metric("baton_prefill_busy_seconds_total")
+    result = asyncio.run(generate(both, prompt_ids[7], GREEDY))
+    assert len(result["token_ids"]) == GREEDY["max_tokens"]
+    after = step_series(both)
+    gained = {key: after[key] - before.get(key, 0.0) for key in after}
+    prompt_tokens = both.metric("baton_prompt_tokens_total") - prompt_before
+    assert prompt_tokens == len(prompt_ids[7])
+    assert gained[("baton_step_prompt_tokens_sum", "prompt")] == prompt_tokens
+    assert gained[("baton_step_prompt_tokens_count", "prompt")] == gained[("baton_step_seconds_count", "prompt")] >= 1
+    # the first token comes from the prompt's last step; each later one from a decode step
+    assert gained[("baton_step_seconds_count", "decode")] == GREEDY["max_tokens"] - 1
+    assert gained[("baton_step_seconds_count", "mixed")] == 0
+    assert gained[("baton_step_seconds_sum", "decode")] > 0
+    prompt_seconds = gained[("baton_step_seconds_sum", "prompt")]
+    assert abs(prompt_seconds - (both.metric("baton_prefill_busy_seconds_total") - busy_before)) < 1e-6
 
 
 def test_a_first_token_that_ends_the_request_still_hands_off_cleanly(cluster, prompt_ids, reference):

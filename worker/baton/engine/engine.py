@@ -19,6 +19,7 @@ from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
 from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
+from baton.engine.stats import EngineStats
 from baton.engine.step_budget import (
     StepCosts,
     attention_work,
@@ -473,24 +474,3 @@ def _listener_hook(batch):
             listener(layer, k_cache, v_cache, start, end)
 
     return hook
-
-
-class EngineStats:
-    """Counters the worker exports as metrics."""
-
-    def __init__(self):
-        self.steps = 0
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.prefill_seconds = 0.0
-        self.decode_seconds = 0.0
-
-    def record_step(self, batch, seconds: float) -> None:
-        self.steps += 1
-        prompt = sum(n for _, n in batch.prefills)
-        self.prompt_tokens += prompt
-        self.generation_tokens += len(batch.decodes)
-        if prompt:
-            self.prefill_seconds += seconds
-        else:
-            self.decode_seconds += seconds

@@ -13,8 +13,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from baton.engine.config import ROLES
 from baton.engine.outputs import RequestOutput
+from baton.engine.stats import STEP_KINDS
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# fine around the time-per-token objectives a step is held to (tens of ms)
+STEP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05, 0.06, 0.075, 0.1, 0.15,
+                0.25, 0.5, 1, 2.5, 5)
+STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -38,6 +43,10 @@ class WorkerMetrics:
         self.kv_seconds = Histogram("baton_kv_transfer_seconds", "first layer sent to last layer received", L, registry=r, buckets=TRANSFER_BUCKETS)
         self.kv_exposed = Histogram("baton_kv_exposed_transfer_seconds", "decode-ready minus prefill-end", L, registry=r, buckets=TRANSFER_BUCKETS)
         self.prefill_busy = Counter("baton_prefill_busy_seconds", "time spent running prefill steps", L, registry=r)
+        self.step_seconds = Histogram("baton_step_seconds", "one engine step's forward pass and sampling",
+                                      ["role", "kind"], registry=r, buckets=STEP_BUCKETS)
+        self.step_prompt_tokens = Histogram("baton_step_prompt_tokens", "prompt tokens one step computed",
+                                            ["role", "kind"], registry=r, buckets=STEP_TOKEN_BUCKETS)
         self.commit_hold = Counter("baton_commit_hold_seconds", "time decode steps waited for a prompt's KV due", L, registry=r)
         self.migrations = Counter("baton_migrations", "sequences migrated", ["role", "direction"], registry=r)
         self.worker_role = Gauge("baton_worker_role", "1 for the worker's current role", L, registry=r)
@@ -56,6 +65,10 @@ class WorkerMetrics:
             metric.labels(role=role)
         for direction in ("in", "out"):
             self.migrations.labels(role=role, direction=direction)
+        for kind in STEP_KINDS:
+            self.step_seconds.labels(role=role, kind=kind)
+            if kind != "decode":
+                self.step_prompt_tokens.labels(role=role, kind=kind)
         for name in ROLES:
             self.worker_role.labels(role=name).set(1.0 if name == role else 0.0)
 
@@ -101,6 +114,10 @@ class WorkerMetrics:
             if gained > 0:
                 targets[key.split("-")[0]].labels(role=role).inc(gained)
             self._seen[key] = value
+        for step in stats.take_steps():
+            self.step_seconds.labels(role=role, kind=step.kind).observe(step.seconds)
+            if step.prompt_tokens:
+                self.step_prompt_tokens.labels(role=role, kind=step.kind).observe(step.prompt_tokens)
 
     # -- transfers ----------------------------------------------------------------------
     def observe_transfer(self, nbytes: int, seconds: float, exposed: float | None = None) -> None:

@@ -1,0 +1,53 @@
+"""What the engine counts for the worker's metrics: cumulative counters, and each step's
+shape and time since the metrics last looked."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+STEP_KINDS = ("decode", "mixed", "prompt")  # decodes only; decodes beside prompt tokens; prompt tokens only
+RECENT_STEPS = 4096  # steps kept for a reader that has not looked (the oldest go first)
+
+
+class StepRecord(NamedTuple):
+    decodes: int
+    prompt_tokens: int
+    seconds: float
+
+    @property
+    def kind(self) -> str:
+        if not self.prompt_tokens:
+            return "decode"
+        return "mixed" if self.decodes else "prompt"
+
+
+class EngineStats:
+    """Counters the worker exports as metrics."""
+
+    def __init__(self):
+        self.steps = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefill_seconds = 0.0
+        self.decode_seconds = 0.0
+        # a step's time is what a decode riding in it waits for its next token: the per-step
+        # objective is checked against these (step_budget.py), not against averages
+        self._recent: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
+
+    def record_step(self, batch, seconds: float) -> None:
+        self.steps += 1
+        prompt = sum(n for _, n in batch.prefills)
+        self.prompt_tokens += prompt
+        self.generation_tokens += len(batch.decodes)
+        if prompt:
+            self.prefill_seconds += seconds
+        else:
+            self.decode_seconds += seconds
+        self._recent.append(StepRecord(len(batch.decodes), prompt, seconds))
+
+    def take_steps(self) -> list[StepRecord]:
+        """The steps recorded since the last call, oldest first."""
+        steps = list(self._recent)
+        self._recent.clear()
+        return steps
