@@ -12,6 +12,7 @@ from baton.engine.step_budget import (
     DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
+    PromptCost,
     StepCosts,
     attention_work,
     prefill_token_budget,
@@ -270,6 +271,13 @@ def test_prompt_cost_separates_a_fixed_part_from_the_cost_per_token():
         one_size.observe(0, 64, 0.128)
     assert one_size.prompt_cost() == (0.0, pytest.approx(0.002), 0.0, 0.0)  # F cannot be told apart
     assert StepCosts().prompt_cost() is None
+
+
+def test_a_vanishing_context_cost_leaves_the_tokens_that_fit_as_without_it():
+    for per_context in (0.0, 1e-21, 1e-15):  # a fit of exact steps leaves rounding here
+        cost = PromptCost(0.009, 0.001, per_context)
+        assert cost.tokens_within(0.049) == pytest.approx(40, rel=1e-6)
+    assert PromptCost(0.009, 0.001, 1e-6).tokens_within(0.049) < 40  # a real one takes its share
 
 
 def chunked_prompt_costs(fixed_s: float, per_token_s: float, per_context_s: float) -> StepCosts:

@@ -87,7 +87,10 @@ class PromptCost(NamedTuple):
         room, linear, square = seconds - self.fixed - self.margin, self.marginal(start), self.per_context / 2
         if room <= 0 or square <= 0:
             return room / linear
-        return (math.sqrt(linear * linear + 4 * square * room) - linear) / (2 * square)
+        # the root of square·x² + linear·x = room in the form that stays exact as square -> 0
+        # (with a near-zero fitted context cost the textbook form's difference is all rounding:
+        # 72 tokens where 40 fit)
+        return 2 * room / (linear + math.sqrt(linear * linear + 4 * square * room))
 
 
 class StepCosts:
