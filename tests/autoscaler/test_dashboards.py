@@ -14,7 +14,7 @@ CONTRACTS = (ROOT / "docs" / "contracts.md").read_text()
 METRICS = set(re.findall(r"`(baton_[a-z0-9_]+)", CONTRACTS))
 HISTOGRAMS = set(re.findall(r"`(baton_[a-z0-9_]+)` \| histogram", CONTRACTS))
 SERIES = METRICS | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
-LABELS = {"role", "pool", "action", "deployment", "direction", "le", "namespace", "pod"}
+LABELS = {"role", "pool", "action", "deployment", "direction", "kind", "le", "namespace", "pod"}
 PROMQL_WORDS = {
     "sum", "avg", "max", "min", "count", "by", "without", "on", "ignoring", "group_left", "group_right",
     "rate", "irate", "increase", "histogram_quantile", "clamp_min", "clamp_max", "and", "or", "unless",
@@ -100,7 +100,8 @@ def test_both_dashboards_exist_and_cover_the_brief():
     for metric in ("baton_time_to_first_token_seconds_bucket", "baton_inter_token_latency_seconds_bucket",
                    "baton_e2e_request_latency_seconds_bucket", "baton_kv_cache_usage_ratio",
                    "baton_num_requests_waiting", "baton_kv_transfer_bytes_total",
-                   "baton_kv_exposed_transfer_seconds_bucket"):
+                   "baton_kv_exposed_transfer_seconds_bucket", "baton_step_seconds_bucket",
+                   "baton_step_prompt_tokens_sum"):
         assert metric in serving
     controller = " ".join(_exprs(json.loads((ROOT / "charts/baton/dashboards/controller.json").read_text())))
     for metric in ("baton_autoscaler_desired_workers", "baton_autoscaler_actual_workers",
