@@ -31,8 +31,8 @@ class EngineStats:
         self.generation_tokens = 0
         self.prefill_seconds = 0.0
         self.decode_seconds = 0.0
-        # a step's time is what a decode riding in it waits for its next token: the per-step
-        # objective is checked against these (step_budget.py), not against averages
+        # each step on its own: a decode riding in a step waits that step's time for its next
+        # token, so the per-step objective is seen in these, not in averages (baton_step_seconds)
         self._recent: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
 
     def record_step(self, batch, seconds: float) -> None:
