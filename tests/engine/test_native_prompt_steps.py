@@ -112,9 +112,11 @@ def test_fp32_mixed_step_over_a_bf16_cache_is_as_close_as_the_decode_step():
 @needs_prompt_steps
 @pytest.mark.parametrize("settings, logits_mean, kv_mean", [
     # `auto` on the bundled GGUF: the many-row products are the torch path's own (the same
-    # engine from the same row count); where torch's attention runs in bf16 (Intel) the
-    # native chunks' runs in float32 (seen: logits 4.0e-3 apart on average, K/V 4.7e-3)
-    (dict(dtype="auto", quantization="auto"), 1.5e-2, 1.5e-2),
+    # engine from the same row count); the two attentions differ by a bf16 rounding, one way
+    # or the other: on a Xeon with AMX torch's runs in bf16 and the native chunks' in float32
+    # (seen: logits 4.0e-3 apart on average, K/V 4.7e-3); on an AMD EPYC (Zen 4) the native
+    # one takes bf16 products where torch's path stays float32 (logits 1.6e-2)
+    (dict(dtype="auto", quantization="auto"), 3e-2, 1.5e-2),
     # bf16 activations round at every op, in each path's own order (seen: 0.12, 1.1e-2), and
     # a near tie among random tokens' logits may fall either way
     (dict(dtype="bfloat16"), 0.3, 3e-2),

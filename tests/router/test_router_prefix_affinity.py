@@ -41,7 +41,8 @@ def changed(before: dict, after: dict) -> dict[str, tuple[float, float]]:
 
 async def hold_busy(worker: WorkerProcess, router: str, ready: asyncio.Event) -> None:
     """A long request straight to `worker` (not through the router), until cancelled; `ready`
-    once the router's poll counts it there."""
+    once the router's poll counts it there and sees every other worker healthy and idle (a
+    poll that timed out on a loaded machine leaves a worker out of the choice)."""
     body = {"request_id": new_id("busy"), "prompt_token_ids": [1, 2, 3],
             "params": {"max_tokens": 4000, "ignore_eos": True, "temperature": 0}}
 
@@ -50,7 +51,10 @@ async def hold_busy(worker: WorkerProcess, router: str, ready: asyncio.Event) ->
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 state = (await http.get(f"{router}/router/state")).json()
-                if any(w["url"] == worker.url and w["running"] >= 1 for w in state["workers"]):
+                busy = any(w["url"] == worker.url and w["running"] >= 1 for w in state["workers"])
+                others_idle = all(w["healthy"] and w["state"] == "active" and w["running"] + w["waiting"] == 0
+                                  for w in state["workers"] if w["url"] != worker.url)
+                if busy and others_idle:
                     ready.set()
                     return
                 await asyncio.sleep(0.05)
