@@ -7,26 +7,25 @@ from __future__ import annotations
 
 import math
 
+from prometheus_client.parser import text_string_to_metric_families
+
 
 def histograms(text: str, name: str) -> dict[str, dict]:
     """kind -> {"buckets": [(upper bound, cumulative count)], "count", "sum"} of one histogram
     in Prometheus text, its label sets merged by `kind`."""
     found: dict[str, dict] = {}
-    for line in text.splitlines():
-        if not line.startswith(name + "_") or "{" not in line:
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
             continue
-        series, labels = line.split("{", 1)[0], line.split("{", 1)[1].rsplit("}", 1)[0]
-        pairs = dict(p.split("=", 1) for p in labels.split(",") if "=" in p)
-        kind = pairs.get("kind", '""').strip('"')
-        value = float(line.rsplit(" ", 1)[1])
-        entry = found.setdefault(kind, {"buckets": {}, "count": 0.0, "sum": 0.0})
-        if series == name + "_bucket":
-            bound = float(pairs["le"].strip('"'))
-            entry["buckets"][bound] = entry["buckets"].get(bound, 0.0) + value
-        elif series == name + "_count":
-            entry["count"] += value
-        elif series == name + "_sum":
-            entry["sum"] += value
+        for sample in family.samples:
+            entry = found.setdefault(sample.labels.get("kind", ""), {"buckets": {}, "count": 0.0, "sum": 0.0})
+            if sample.name == name + "_bucket":
+                bound = float(sample.labels["le"])
+                entry["buckets"][bound] = entry["buckets"].get(bound, 0.0) + sample.value
+            elif sample.name == name + "_count":
+                entry["count"] += sample.value
+            elif sample.name == name + "_sum":
+                entry["sum"] += sample.value
     for entry in found.values():
         entry["buckets"] = sorted(entry["buckets"].items())
     return found

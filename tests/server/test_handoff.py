@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from baton.kv.transport import TransferRefused, select_transport
 from tests.server.conftest import GREEDY
@@ -162,13 +163,10 @@ def test_metrics_follow_the_contract(cluster):
 
 def step_series(worker) -> dict[tuple[str, str], float]:
     """(metric, kind) -> value of the step histograms' _count and _sum series."""
-    found = {}
-    for line in worker.get("/metrics").text.splitlines():
-        name = line.split("{", 1)[0]
-        if name.startswith("baton_step_") and name.endswith(("_count", "_sum")):
-            kind = line.split('kind="', 1)[1].split('"', 1)[0]
-            found[(name, kind)] = float(line.rsplit(" ", 1)[1])
-    return found
+    return {(sample.name, sample.labels["kind"]): sample.value
+            for family in text_string_to_metric_families(worker.get("/metrics").text)
+            if family.name.startswith("baton_step_")
+            for sample in family.samples if sample.name.endswith(("_count", "_sum"))}
 
 
 def test_step_metrics_count_every_step_and_prompt_token(cluster):
