@@ -176,9 +176,13 @@ def test_a_workers_measured_rate_is_read_only_when_it_is_one():
         assert positive_or_none(nonsense) is None
 
 
-def test_busy_counts_the_fresher_of_poll_and_own_requests():
-    assert WorkerSnapshot("a", "decode", running=2, waiting=1, inflight=5).busy == 5
-    assert WorkerSnapshot("a", "decode", running=4, waiting=1, inflight=2).busy == 5
+def test_current_counts_the_routers_own_requests_once():
+    # the poll's five were all this router's: not ten
+    assert WorkerSnapshot("a", "decode", running=4, waiting=1, inflight=5, inflight_at_poll=5).current == 5
+    # never fewer than its own outstanding ones, however stale the poll
+    assert WorkerSnapshot("a", "decode", running=0, inflight=2, inflight_at_poll=6).current == 2
+    # what the poll saw that this router did not send stays counted
+    assert WorkerSnapshot("a", "decode", running=2, waiting=1, inflight=5).current == 8
 
 
 def test_current_moves_the_polled_count_by_the_requests_begun_or_ended_since():

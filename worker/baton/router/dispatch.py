@@ -106,7 +106,7 @@ class Dispatcher:
         decode = await self._decode_candidates(hashes=hashes)
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
-        threshold = self.estimator.threshold(decoding=decode[0].busy,
+        threshold = self.estimator.threshold(decoding=decode[0].current,
                                              queued_tokens=prefill[0].inflight_tokens if prefill else 0,
                                              local_s_per_token=decode[0].prefill_s_per_token)
         path = choose_path(len(prompt) - cached, threshold, bool(prefill))

@@ -33,22 +33,13 @@ class WorkerSnapshot:
         return self.healthy and self.state == "active"
 
     @property
-    def load(self) -> int:
-        return max(self.running + self.waiting, 0) + self.inflight
-
-    @property
     def current(self) -> int:
         """Requests at work there now, as well as the router knows: the last poll's count,
-        moved by the requests it has sent there (+) or seen end (-) since. `busy` stays at a
-        stale poll's count while new requests arrive: by it a burst that came right after
-        other work ended went six to two."""
+        moved by the requests this router has sent there (+) or seen end (-) since, and never
+        below its own outstanding ones. The poll alone is stale between polls (a burst that
+        came right after other work ended went six to two by it); the poll plus the router's
+        own counted them twice."""
         return max(self.running + self.waiting + self.inflight - self.inflight_at_poll, self.inflight, 0)
-
-    @property
-    def busy(self) -> int:
-        """Requests at work there: the last poll's count, or this router's own outstanding
-        ones when they are more (the poll may be older than they are)."""
-        return max(self.running + self.waiting, self.inflight, 0)
 
 
 def rank_decode(workers: Iterable[WorkerSnapshot], exclude: set[str] = frozenset(),
@@ -60,7 +51,7 @@ def rank_decode(workers: Iterable[WorkerSnapshot], exclude: set[str] = frozenset
     place (colocated workers, a short uncached rest), the cached part is not computed
     again, and a conversation's next turn finds its history where it left it."""
     eligible = [w for w in workers if w.accepts_work and w.role in DECODE_ROLES and w.url not in exclude]
-    by_load = sorted(eligible, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.load, w.kv_usage, w.url))
+    by_load = sorted(eligible, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.current, w.kv_usage, w.url))
     if not prompt_hashes or index is None:
         return by_load
     cached = {w.url: index.cached_blocks(w.url, prompt_hashes) for w in by_load}
@@ -85,7 +76,7 @@ def rank_prefill(workers: Iterable[WorkerSnapshot], prompt_hashes: list[int], in
     """Prefill candidates, best first: longest cached prefix of this prompt, then the
     shortest queue."""
     eligible = [w for w in workers if w.accepts_work and w.role in PREFILL_ROLES and w.url not in exclude]
-    return sorted(eligible, key=lambda w: (-index.cached_blocks(w.url, prompt_hashes), w.load, w.url))
+    return sorted(eligible, key=lambda w: (-index.cached_blocks(w.url, prompt_hashes), w.current, w.url))
 
 
 def choose_path(uncached_tokens: int, threshold: float, has_prefill_worker: bool) -> str:
