@@ -27,6 +27,7 @@ class FakeWorker:
         self.die_after_tokens: int | None = None  # drop the connection after n streamed tokens
         self.queue_timeouts = 0  # answer this many generate calls 429 queue_timeout (pool full)
         self.prefill_seconds_per_token: float | None = None  # its own rate, as its state says
+        self.prefill_delay_s = 0.0  # how long a prefill takes
         self.calls: list[tuple[str, str]] = []  # (path, request_id)
         self.aborted: list[str] = []
         self.reserved: dict[str, dict] = {}
@@ -72,6 +73,7 @@ class FakeWorker:
         if self.fail_prefills > 0:
             self.fail_prefills -= 1
             return web.json_response({"error": {"message": "boom"}}, status=500)
+        await asyncio.sleep(self.prefill_delay_s)
         decode = REGISTRY[body["ticket"]["kv_endpoint"]]
         tokens = decode.continuation(body["prompt_token_ids"], body["params"])
         return web.json_response({"first_token": tokens[0], "transfer": {

@@ -77,6 +77,20 @@ async def test_remote_path_with_refused_reservation_and_failed_prefill(fake_work
     assert len(d1.aborted + d2.aborted) >= 1  # the failed attempt's reservation was given back
 
 
+async def test_a_burst_of_remote_prompts_reserves_evenly_across_decode_workers(fake_workers, model_info):
+    """A reservation is a request the decode worker will run: counted from the moment it is
+    made, not from when its stream opens after the prefill (by then the whole burst had
+    reserved on the first worker)."""
+    d1, d2, prefill = await fake_workers("decode"), await fake_workers("decode"), await fake_workers("prefill")
+    prefill.prefill_delay_s = 0.3
+    async with running_router(model_info, [d1.url, d2.url, prefill.url], disagg_threshold=0) as url:
+        api = client(url)
+        await asyncio.gather(*(api.completions.create(model="smollm2", prompt=[100 + i] * 40, max_tokens=4)
+                               for i in range(8)))
+    assert len(prefill.paths("prefill")) == 8
+    assert sorted([len(d1.paths("reserve")), len(d2.paths("reserve"))]) == [4, 4]
+
+
 async def test_prefill_pool_down_falls_back_to_local(fake_workers, model_info, expected):
     decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
     prefill.fail_prefills = 5

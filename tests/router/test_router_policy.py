@@ -183,6 +183,8 @@ def test_current_counts_the_routers_own_requests_once():
     assert WorkerSnapshot("a", "decode", running=0, inflight=2, inflight_at_poll=6).current == 2
     # what the poll saw that this router did not send stays counted
     assert WorkerSnapshot("a", "decode", running=2, waiting=1, inflight=5).current == 8
+    # reservations for prompts prefilling elsewhere are requests that will decode there
+    assert WorkerSnapshot("a", "decode", running=1, reserved=3).current == 4
 
 
 def test_current_moves_the_polled_count_by_the_requests_begun_or_ended_since():

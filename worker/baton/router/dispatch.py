@@ -149,20 +149,28 @@ class Dispatcher:
                 yield chunk
 
     async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
+        """A reservation on the best decode worker with room: its address and ticket; the
+        request counts as that worker's until the caller ends it (pool.end)."""
         deadline = time.monotonic() + self.deadlines.reserve_wait_s
         delay = 0.02
         headroom = min(params["max_tokens"], self.reserve_headroom_tokens)
         while True:
             for worker in await self._decode_candidates():
+                # counted there from the choice on (the caller ends it), not from its stream
+                # after the prefill: a burst's reservations all went to one worker by then
+                self.pool.begin(worker.url)
                 try:
                     ticket = await self.client.reserve(worker.url, rid, prompt, params, headroom)
                     return worker.url, ticket
                 except asyncio.CancelledError:  # the reservation may be made all the same
+                    self.pool.end(worker.url)
                     self._abort_later(worker.url, rid)
                     raise
                 except WorkerRefused:
+                    self.pool.end(worker.url)
                     self.metrics.retries.labels("reserve_refused").inc()
                 except WorkerUnavailable:
+                    self.pool.end(worker.url)
                     self.pool.mark_failed(worker.url)
             if time.monotonic() + delay > deadline:
                 raise _FallBackLocal()  # every pool is full: the decode worker's own queue waits
@@ -181,49 +189,64 @@ class Dispatcher:
             started = time.monotonic()  # the reservation is part of the remote path's overhead
             # queued there from the decision on, so that a burst's later prompts count it
             self.pool.begin(p_url, uncached)
+            answer, d_url = None, None
             try:
-                d_url, ticket = await self._reserve(try_rid, prompt, params)
-                try:
-                    answer = await self.client.prefill(p_url, try_rid, prompt, params, ticket,
-                                                       self.deadlines.prefill_s)
-                except asyncio.CancelledError:  # the client left mid-prefill: free both sides now
-                    self._abort_later(p_url, try_rid)
-                    self._abort_later(d_url, try_rid)
-                    raise
-                except (WorkerUnavailable, WorkerRejected, WorkerRefused) as e:
-                    self.metrics.retries.labels("prefill_failed").inc()
-                    excluded.add(p_url)
-                    if isinstance(e, WorkerUnavailable):
-                        self.pool.mark_failed(p_url)
-                    await self.client.abort(d_url, try_rid)  # give the reservation back now
-                    continue
+                d_url, ticket = await self._reserve(try_rid, prompt, params)  # counted there
+                answer = await self._prefill(p_url, d_url, try_rid, prompt, params, ticket, excluded)
             finally:
                 self.pool.end(p_url, uncached)
-            self.index.record(p_url, hashes)
-            self.index.record(d_url, hashes)
-            self._learn(len(prompt), uncached, time.monotonic() - started, answer.get("transfer"))
-            self.metrics.routes.labels("remote").inc()
-            async with aclosing(self._decode_stream(d_url, try_rid, _first_token(answer))) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+                if answer is None and d_url is not None:  # failed or cancelled: reservation returned
+                    self.pool.end(d_url)
+            if answer is None:
+                continue
+            try:
+                self.index.record(p_url, hashes)
+                self.index.record(d_url, hashes)
+                self._learn(len(prompt), uncached, time.monotonic() - started, answer.get("transfer"))
+                self.metrics.routes.labels("remote").inc()
+                async with aclosing(self._decode_stream(d_url, try_rid, _first_token(answer))) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+            finally:
+                self.pool.end(d_url)
             return
         raise _FallBackLocal()
+
+    async def _prefill(self, p_url: str, d_url: str, rid: str, prompt: list[int], params: dict, ticket: dict,
+                       excluded: set[str]) -> dict | None:
+        """The prefill worker's answer, or None when it failed: the prefill worker is left out
+        of the next try and the reservation given back."""
+        try:
+            return await self.client.prefill(p_url, rid, prompt, params, ticket, self.deadlines.prefill_s)
+        except asyncio.CancelledError:  # the client left mid-prefill: free both sides now
+            self._abort_later(p_url, rid)
+            self._abort_later(d_url, rid)
+            raise
+        except (WorkerUnavailable, WorkerRejected, WorkerRefused) as e:
+            self.metrics.retries.labels("prefill_failed").inc()
+            excluded.add(p_url)
+            if isinstance(e, WorkerUnavailable):
+                self.pool.mark_failed(p_url)
+            await self.client.abort(d_url, rid)  # give the reservation back now
+            return None
 
     async def _decode_stream(self, url: str, rid: str, first_token: int | None) -> AsyncIterator[Chunk]:
         """The first token comes from the prefill answer at once; the decode worker's stream
         repeats it, so that copy is skipped."""
         lead = None if first_token is None else Chunk([first_token], None, "remote")
-        async with aclosing(self._relay(url, rid, self.client.stream(url, rid), lead=lead)) as chunks:
+        events = self.client.stream(url, rid)
+        async with aclosing(self._relay(url, rid, events, lead=lead, counted=True)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
-    async def _relay(self, url: str, rid: str, events: AsyncIterator[dict], *,
-                     path: str | None = None, lead: Chunk | None = None) -> AsyncIterator[Chunk]:
-        """Relay one worker's event stream: count it as load on the worker, mark the worker
-        failed if it drops, and abort the request there if the stream ends early. `lead` is
-        yielded first and its tokens are skipped when the stream repeats them; `path` labels
-        the first chunk that carries tokens."""
-        self.pool.begin(url)
+    async def _relay(self, url: str, rid: str, events: AsyncIterator[dict], *, path: str | None = None,
+                     lead: Chunk | None = None, counted: bool = False) -> AsyncIterator[Chunk]:
+        """Relay one worker's event stream: count it as load on the worker (unless the caller
+        has, `counted`), mark the worker failed if it drops, and abort the request there if
+        the stream ends early. `lead` is yielded first and its tokens are skipped when the
+        stream repeats them; `path` labels the first chunk that carries tokens."""
+        if not counted:
+            self.pool.begin(url)
         finished, skip = False, 0
         try:
             if lead is not None:
@@ -243,7 +266,8 @@ class Dispatcher:
             self.pool.mark_failed(url)
             raise
         finally:
-            self.pool.end(url)
+            if not counted:
+                self.pool.end(url)
             if not finished:
                 self._abort_later(url, rid)
 

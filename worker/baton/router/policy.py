@@ -22,6 +22,7 @@ class WorkerSnapshot:
     healthy: bool = True  # answered its last state poll
     running: int = 0
     waiting: int = 0
+    reserved: int = 0  # KV reservations for prompts prefilling elsewhere: they will decode here
     kv_usage: float = 0.0
     inflight: int = 0  # requests this router has outstanding there (fresher than a poll)
     inflight_tokens: int = 0  # of which prompt tokens still to prefill (prefill workers)
@@ -34,12 +35,13 @@ class WorkerSnapshot:
 
     @property
     def current(self) -> int:
-        """Requests at work there now, as well as the router knows: the last poll's count,
-        moved by the requests this router has sent there (+) or seen end (-) since, and never
-        below its own outstanding ones. The poll alone is stale between polls (a burst that
+        """Requests at work there now (running, waiting, or reserved for a prefill elsewhere),
+        as well as the router knows: the last poll's count, moved by the requests this router
+        has sent there (+) or seen end (-) since, and never below its own outstanding ones. The poll alone is stale between polls (a burst that
         came right after other work ended went six to two by it); the poll plus the router's
         own counted them twice."""
-        return max(self.running + self.waiting + self.inflight - self.inflight_at_poll, self.inflight, 0)
+        polled = self.running + self.waiting + self.reserved
+        return max(polled + self.inflight - self.inflight_at_poll, self.inflight, 0)
 
 
 def rank_decode(workers: Iterable[WorkerSnapshot], exclude: set[str] = frozenset(),

@@ -101,6 +101,7 @@ class WorkerPool:
             url=url, role=str(state.get("role") or member.role or "unknown"),
             state=str(state.get("state") or "active"), healthy=True,
             running=int(state.get("running") or 0), waiting=int(state.get("waiting") or 0),
+            reserved=int(state.get("reservations") or 0),
             kv_usage=float(state.get("kv_usage") or 0.0),
             prefill_s_per_token=positive_or_none(state.get("prefill_seconds_per_token")),
             inflight_at_poll=outstanding)
