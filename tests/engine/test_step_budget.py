@@ -8,7 +8,6 @@ import pytest
 
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
-    BATCH_FIXED_SHARE,
     DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
@@ -377,21 +376,24 @@ def test_the_engine_holds_a_prompt_back_for_a_worthwhile_chunk_and_not_for_long(
             engine.release(rid)
 
 
-def test_prompts_alone_batch_until_the_fixed_cost_is_a_tenth_of_the_step():
+def test_prompts_alone_batch_only_while_their_work_is_less_than_the_fixed_cost():
     costs = costs_with_fixed(0.06, 0.001)  # a step of prompts: 60 ms + 1 ms a token
-    tokens = prompt_batch_tokens(costs, ceiling=2048, least=1)
-    assert tokens == pytest.approx(540, abs=2)  # 9F/s: F is 10% of a 600 ms step
-    assert 0.06 / (0.06 + 0.001 * tokens) <= BATCH_FIXED_SHARE + 1e-9
-    assert prompt_batch_tokens(costs, ceiling=256, least=1) == 256
+    assert prompt_batch_tokens(costs, ceiling=2048) == pytest.approx(60, abs=1)  # F/s
+    assert prompt_batch_tokens(costs, ceiling=32) == 32
+    # two prompts of 30 tokens: together both at 120 ms; one after the other at 90 and 180
+    together, apart = 0.06 + 2 * 0.03, ((0.06 + 0.03) + 2 * (0.06 + 0.03)) / 2
+    assert together < apart
+    # two of 256: together at 572 ms; apart at 316 and 632, sooner on average
+    together, apart = 0.06 + 2 * 0.256, ((0.06 + 0.256) + 2 * (0.06 + 0.256)) / 2
+    assert apart < together and prompt_batch_tokens(costs, ceiling=2048) < 2 * 256
     # no fixed cost: batching gains nothing, so one prompt (or one chunk) a step
-    assert prompt_batch_tokens(costs_with_fixed(0.0, 0.001), ceiling=2048, least=1) == 1
-    assert prompt_batch_tokens(costs_with_fixed(0.0, 0.001), ceiling=2048, least=512) == 512
-    assert prompt_batch_tokens(StepCosts(), ceiling=2048, least=1) == 2048  # not measured yet
+    assert prompt_batch_tokens(costs_with_fixed(0.0, 0.001), ceiling=2048) == 1
+    assert prompt_batch_tokens(StepCosts(), ceiling=2048) == 2048  # not measured yet
 
 
 def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(engine_fp32, monkeypatch):
     """A prefill worker (whole prompts, no decodes): the first runs whole however long; more
-    join its step only while the step stays under 9F/s tokens. Elsewhere no limit."""
+    join its step only while the tokens in it stay within F/s. Elsewhere no limit."""
     from baton.engine.sampling import SamplingParams
 
     engine = engine_fp32
@@ -400,23 +402,30 @@ def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(eng
     monkeypatch.setattr(engine.scheduler, "chunk_size", 0)
     monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 2048)
     monkeypatch.setattr(engine.config, "max_num_batched_tokens", 2048)
-    frozen, measured = FrozenCosts(), costs_with_fixed(0.02, 0.001)  # 9F/s = 180 tokens
+    frozen, measured = FrozenCosts(), costs_with_fixed(0.02, 0.001)  # F/s = 20 tokens
     frozen._decode_steps, frozen._prompt_steps = measured._decode_steps, measured._prompt_steps
     monkeypatch.setattr(engine, "step_costs", frozen)
     prompts = {f"p{i}": list(range(10 + i, 110 + i)) for i in range(4)}  # 100 tokens each
-    for rid, ids in prompts.items():
-        engine.add_request(ids, SamplingParams(max_tokens=1), request_id=rid)
-    try:
-        assert engine._admission_cap() == 180 and engine._prefill_cap() is None
+
+    def run_all() -> list[int]:
+        for rid in prompts:
+            engine.add_request(prompts[rid], SamplingParams(max_tokens=1), request_id=rid)
         steps = []
         while any(not engine.sequences[rid].is_finished for rid in prompts):
             before = {rid: engine.sequences[rid].num_computed_tokens for rid in prompts}
             engine.step()
             steps.append(sum(engine.sequences[rid].num_computed_tokens - before[rid] for rid in prompts))
-        assert steps == [100, 100, 100, 100]  # a second prompt would pass 180 tokens
-        for rid, ids in prompts.items():
+        for rid in prompts:
             engine.release(rid)
+        return steps
+
+    try:
+        assert run_all() == [100, 100, 100, 100]  # a second prompt would pass 20 tokens
+        prompts = {f"s{i}": list(range(10 + i, 20 + i)) for i in range(4)}  # 10 tokens each
+        assert run_all() == [20, 20]  # two share a step's fixed cost: both sooner than apart
+        for rid, ids in prompts.items():
             engine.add_request(ids, SamplingParams(max_tokens=1), request_id=rid)
+        assert engine._admission_cap() == 20 and engine._prefill_cap() is None
         monkeypatch.setattr(engine.config, "role", "both")  # prompts that decode here: no limit
         assert engine._admission_cap() is None
         monkeypatch.setattr(engine.config, "role", "prefill")

@@ -322,15 +322,15 @@ class Engine:
     def _admission_cap(self) -> int | None:
         """Tokens of prompts a prefill worker's step may start and finish (None: no limit).
         It hands every prompt off at its step's end, so prompts that arrive together get
-        their first tokens together: they start only as many at a time as their fixed cost
-        asks (step_budget.prompt_batch_tokens). A long prompt's chunks are outside the
-        limit, and short prompts ride beside them: counting the chunks held both back, and
-        the long prompts' TTFT doubled. Prompts that decode where they prefill join the
+        their first tokens together: they start together only where sharing the step's fixed
+        cost gains more than waiting for each other costs (step_budget.prompt_batch_tokens).
+        A long prompt's chunks are outside the limit, and short prompts ride beside them:
+        counting the chunks held both back, and the long prompts' TTFT doubled. Prompts that decode where they prefill join the
         batch together (a colocated worker)."""
         if (self.config.role != "prefill" or not self.config.tpot_objective_s or not self.scheduler.waiting
                 or self.scheduler.decoding()):
             return None  # only waiting prompts are admitted: no fit to compute for a step without them
-        return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens, self.scheduler.chunk_size)
+        return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens)
 
     def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:
         """Run and sample a batch; a sequence's state changes only once both succeeded, so a

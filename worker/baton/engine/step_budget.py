@@ -21,7 +21,7 @@ refill what the decodes have saved) and then runs in one worthwhile chunk. A is 
 objective T itself for a decode that has saved nothing.
 
 On a prefill worker (no decodes; every prompt handed off at the end of its step) the same
-fit sizes how many prompts start and finish together: until F is a tenth of the step
+fit sizes how many prompts start and finish together: only while their work is less than F
 (`prompt_batch_tokens`), not up to the whole per-step budget, since every prompt finishing
 in a step waits for its end. A long prompt's chunks are outside the limit and short prompts
 ride beside them (counting the chunks held both back, and the interference benchmark's P/D
@@ -48,7 +48,6 @@ UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once deco
 # two colocated workers): banking 4 objectives of 100 ms let a 256-token prompt run whole
 # beside four decodes, a 125 ms gap at p99 (2.46x vLLM's); 1 objective of 50 ms gave 58 ms.
 DEFAULT_BANK_OBJECTIVES = 1.0
-BATCH_FIXED_SHARE = 0.1  # with no decodes, prompts batch until a step's fixed cost is this share of it
 CONTEXT_FIT_STEPS = 8  # prompt steps seen before their attention's share is fitted (three unknowns, noisy steps)
 # Budgets keep in hand this quantile of how far prompt steps ran past the fitted line. On two
 # colocated workers of a Xeon with AMX (vLLM's client, bench/serving.py) the steps with a
@@ -230,20 +229,18 @@ def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]
     return max(allowance, tpot_objective_s)
 
 
-def prompt_batch_tokens(costs: StepCosts, ceiling: int, least: int) -> int:
-    """Tokens of prompts a step with no decodes may start and finish: enough that its fixed
-    cost F is at most BATCH_FIXED_SHARE of the step, and no more. Every prompt of a step gets its first
-    token at the step's end, so a bigger batch gains a few percent of throughput and delays
-    its first prompts by the whole of it: prompts arriving together at a prefill worker ran
-    as one long step, were then decoded in step, finished together and came back together,
-    wave after wave, the prefill worker idle between waves. `least`: the smallest step worth
-    having (a chunk); `ceiling` until the costs are measured."""
+def prompt_batch_tokens(costs: StepCosts, ceiling: int) -> int:
+    """Tokens of prompts a step with no decodes may start and finish: only as many as cost no
+    more than the step's fixed cost F. Every prompt of a step gets its first token at the
+    step's end, so two prompts of work S each finish at F + 2S together, or at F + S and
+    2(F + S) one after the other: together is sooner on average only while S < F. Batching
+    to at least a chunk (512 tokens), a prefill worker under vLLM's serving client ran two or
+    three 256-token prompts a step (640 tokens, ~1 s, on a Zen 4 core) and handed them all
+    off at its end, where one alone takes ~350 ms. `ceiling` until the costs are measured."""
     cost = costs.prompt_cost()
     if cost is None:
         return ceiling
-    share = BATCH_FIXED_SHARE
-    tokens = math.ceil(cost.fixed * (1 - share) / (share * cost.marginal()))
-    return int(min(max(tokens, least, 1), ceiling))
+    return int(min(max(math.ceil(cost.fixed / cost.marginal()), 1), ceiling))
 
 
 def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: StepCosts,
