@@ -82,7 +82,7 @@ async def test_a_burst_of_remote_prompts_reserves_evenly_across_decode_workers(f
     made, not from when its stream opens after the prefill (by then the whole burst had
     reserved on the first worker)."""
     d1, d2, prefill = await fake_workers("decode"), await fake_workers("decode"), await fake_workers("prefill")
-    prefill.prefill_delay_s = 0.3
+    prefill.prefill_delay_s = 1.0  # every choice is made before any of them ends
     async with running_router(model_info, [d1.url, d2.url, prefill.url], disagg_threshold=0) as url:
         api = client(url)
         await asyncio.gather(*(api.completions.create(model="smollm2", prompt=[100 + i] * 40, max_tokens=4)
