@@ -163,6 +163,8 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to serve")
     parser.add_argument("--out", default=str(ROOT / "bench/results/serving.json"))
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
 
     threads = len(os.sched_getaffinity(0))
     work = ROOT / "bench/.cache/serving"
