@@ -325,8 +325,8 @@ class Engine:
         their first tokens together: they start together only where sharing the step's fixed
         cost gains more than waiting for each other costs (step_budget.prompt_batch_tokens).
         A long prompt's chunks are outside the limit, and short prompts ride beside them:
-        counting the chunks held both back, and the long prompts' TTFT doubled. Prompts that decode where they prefill join the
-        batch together (a colocated worker)."""
+        counting the chunks held both back, and the long prompts' TTFT doubled. Prompts that
+        decode where they prefill join the batch together (a colocated worker)."""
         if (self.config.role != "prefill" or not self.config.tpot_objective_s or not self.scheduler.waiting
                 or self.scheduler.decoding()):
             return None  # only waiting prompts are admitted: no fit to compute for a step without them

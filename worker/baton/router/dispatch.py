@@ -143,10 +143,14 @@ class Dispatcher:
                      url: str) -> AsyncIterator[Chunk]:
         self.metrics.routes.labels("local").inc()
         self.index.record(url, hashes)
-        events = self.client.generate(url, rid, prompt, params)
-        async with aclosing(self._relay(url, rid, events, path="local")) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        self.pool.begin(url)
+        try:
+            events = self.client.generate(url, rid, prompt, params)
+            async with aclosing(self._relay(url, rid, events, path="local")) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self.pool.end(url)
 
     async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
         """A reservation on the best decode worker with room: its address and ticket; the
@@ -234,19 +238,17 @@ class Dispatcher:
         """The first token comes from the prefill answer at once; the decode worker's stream
         repeats it, so that copy is skipped."""
         lead = None if first_token is None else Chunk([first_token], None, "remote")
-        events = self.client.stream(url, rid)
-        async with aclosing(self._relay(url, rid, events, lead=lead, counted=True)) as chunks:
+        async with aclosing(self._relay(url, rid, self.client.stream(url, rid), lead=lead)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
-    async def _relay(self, url: str, rid: str, events: AsyncIterator[dict], *, path: str | None = None,
-                     lead: Chunk | None = None, counted: bool = False) -> AsyncIterator[Chunk]:
-        """Relay one worker's event stream: count it as load on the worker (unless the caller
-        has, `counted`), mark the worker failed if it drops, and abort the request there if
-        the stream ends early. `lead` is yielded first and its tokens are skipped when the
-        stream repeats them; `path` labels the first chunk that carries tokens."""
-        if not counted:
-            self.pool.begin(url)
+    async def _relay(self, url: str, rid: str, events: AsyncIterator[dict], *,
+                     path: str | None = None, lead: Chunk | None = None) -> AsyncIterator[Chunk]:
+        """Relay one worker's event stream (the caller counts the request as the worker's
+        load: a remote one from its reservation on): mark the worker failed if it drops, and
+        abort the request there if the stream ends early. `lead` is yielded first and its
+        tokens are skipped when the stream repeats them; `path` labels the first chunk that
+        carries tokens."""
         finished, skip = False, 0
         try:
             if lead is not None:
@@ -266,8 +268,6 @@ class Dispatcher:
             self.pool.mark_failed(url)
             raise
         finally:
-            if not counted:
-                self.pool.end(url)
             if not finished:
                 self._abort_later(url, rid)
 

@@ -37,9 +37,9 @@ class WorkerSnapshot:
     def current(self) -> int:
         """Requests at work there now (running, waiting, or reserved for a prefill elsewhere),
         as well as the router knows: the last poll's count, moved by the requests this router
-        has sent there (+) or seen end (-) since, and never below its own outstanding ones. The poll alone is stale between polls (a burst that
-        came right after other work ended went six to two by it); the poll plus the router's
-        own counted them twice."""
+        has sent there (+) or seen end (-) since, and never below its own outstanding ones.
+        The poll alone is stale between polls (a burst that came right after other work
+        ended went six to two by it); the poll plus the router's own counted them twice."""
         polled = self.running + self.waiting + self.reserved
         return max(polled + self.inflight - self.inflight_at_poll, self.inflight, 0)
 
