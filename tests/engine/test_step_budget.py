@@ -104,30 +104,6 @@ def test_scheduler_cap_limits_prompt_tokens_next_to_decodes_only():
     assert batch.num_tokens == 11
 
 
-def test_an_admission_cap_limits_only_the_prompts_that_finish_in_the_step():
-    """A prefill worker's batch limit: prompts that start and finish in one step (all get
-    their first token at its end) take at most the cap, the first whatever its length; a
-    prompt that starts with a chunk, or is under way, is outside it."""
-    bm, sched = make(num_blocks=64, budget=64, chunk=16)
-    for rid, length in (("a", 8), ("long", 40)):
-        sched.add(seq(length, rid))
-    first = sched.schedule(admission_cap=12)
-    # "a" whole (the first), "long" a chunk beside it though 8 + 16 passes the cap
-    assert [(s.request_id, n) for s, n in first.prefills] == [("a", 8), ("long", 16)]
-    complete(first)
-    for rid in ("b", "c", "d"):
-        sched.add(seq(8, rid))
-    batch = sched.schedule(admission_cap=20)
-    # the long prompt's next chunk, then two short prompts whole; the third would pass the
-    # cap and is not cut to fill it
-    assert [(s.request_id, n) for s, n in batch.prefills] == [("long", 16), ("b", 8), ("c", 8)]
-    complete(batch)
-    assert [(s.request_id, n) for s, n in sched.schedule(admission_cap=20).prefills] == [("long", 8), ("d", 8)]
-    solo = make(num_blocks=64, budget=64, chunk=0)[1]
-    solo.add(seq(40, "whole"))
-    assert [(s.request_id, n) for s, n in solo.schedule(admission_cap=12).prefills] == [("whole", 40)]
-
-
 def test_bad_objective_is_refused_with_its_name():
     with pytest.raises(ValueError, match="tpot_objective_s"):
         EngineConfig(tpot_objective_s=float("nan")).validate()
@@ -399,6 +375,7 @@ def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(eng
     engine = engine_fp32
     monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
     monkeypatch.setattr(engine.config, "role", "prefill")
+    monkeypatch.setattr(engine.scheduler, "shortest_first", True)  # a prefill worker's order
     monkeypatch.setattr(engine.scheduler, "chunk_size", 0)
     monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 2048)
     monkeypatch.setattr(engine.config, "max_num_batched_tokens", 2048)

@@ -171,7 +171,8 @@ class Engine:
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config
-        return Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunk_size)
+        return Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunk_size,
+                         shortest_first=c.role == "prefill")
 
     # -- requests ----------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -320,16 +321,15 @@ class Engine:
                                     deferred_s=deferred, bank=bank, context_start=start)
 
     def _admission_cap(self) -> int | None:
-        """Tokens of prompts a prefill worker's step may start and finish (None: no limit).
-        It hands every prompt off at its step's end, so prompts that arrive together get
-        their first tokens together: they start together only where sharing the step's fixed
-        cost gains more than waiting for each other costs (step_budget.prompt_batch_tokens).
-        A long prompt's chunks are outside the limit, and short prompts ride beside them:
-        counting the chunks held both back, and the long prompts' TTFT doubled. Prompts that
-        decode where they prefill join the batch together (a colocated worker)."""
-        if (self.config.role != "prefill" or not self.config.tpot_objective_s or not self.scheduler.waiting
-                or self.scheduler.decoding()):
-            return None  # only waiting prompts are admitted: no fit to compute for a step without them
+        """Prompt tokens a prefill worker's step may carry past its first prompt's (None: no
+        limit). It hands every prompt off at its step's end, so prompts that share a step
+        get their first tokens together: they do only where sharing the step's fixed cost
+        gains more than waiting for each other costs (step_budget.prompt_batch_tokens). Its
+        scheduler takes the prompt with the fewest tokens left first (scheduler.py), so a
+        short prompt neither waits behind a long one's chunks nor rides beside them. Prompts
+        that decode where they prefill join the batch together (a colocated worker)."""
+        if self.config.role != "prefill" or not self.config.tpot_objective_s or self.scheduler.decoding():
+            return None
         return prompt_batch_tokens(self.step_costs, self.scheduler.max_num_batched_tokens)
 
     def _run(self, batch: ScheduledBatch, layer_hook) -> list[tuple[Sequence, SampleResult]]:

@@ -4,6 +4,16 @@ Each step has a token budget. Running decodes go first (one token each), then pr
 chunks: first sequences already part-way through their prompt, then waiting ones in
 arrival order. When a decode needs a block and none is free, the most recently admitted
 sequence is preempted: its blocks are freed and it goes back to the queue to be recomputed.
+
+A prefill worker (`shortest_first`) has no decodes to keep in order and hands each prompt
+off at the end of the step that finishes it, so it takes prompts by the tokens they have
+left, fewest first (arrival order among equals), whether under way or waiting: a 64-token
+prompt that arrives while a 2,000-token one is part-way through runs in the next step, not
+beside or after the rest of it. Shortest-remaining-first is the order that minimizes the
+mean time to first token; the router counts a prompt's wait the same way
+(router/policy.py `prefill_queue_ahead`). Past the first prompt a step takes others only
+while its tokens stay within `admission_cap` (engine.py: sharing the step's fixed cost, not
+its work).
 """
 
 from __future__ import annotations
@@ -48,11 +58,13 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         chunk_size: int,
+        shortest_first: bool = False,
     ):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunk_size = chunk_size  # 0 = whole prompts
+        self.shortest_first = shortest_first  # a prefill worker's order (module docstring)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -78,16 +90,18 @@ class Scheduler:
     def schedule(self, prefill_cap: int | None = None, admission_cap: int | None = None) -> ScheduledBatch:
         """`prefill_cap`: at most this many prompt tokens next to the running decodes (the
         engine's TPOT budget); the step's own token budget applies in any case.
-        `admission_cap`: at most this many tokens of prompts that start and finish their
-        prefill in this step, the first one whatever its length (a prefill worker's batch
-        limit: these all get their first token at the step's end). A prompt that starts
-        with a chunk, or is already under way, is outside it."""
+        `admission_cap` (`shortest_first` order only): at most this many prompt tokens in the
+        step, the first prompt's whatever its length (a prefill worker's batch limit: every
+        prompt the step finishes gets its first token at the step's end)."""
         batch = ScheduledBatch()
         budget = self._schedule_decodes(batch, self.max_num_batched_tokens)
         if prefill_cap is not None:
             budget = min(budget, prefill_cap)
+        if self.shortest_first:
+            self._schedule_shortest_first(batch, budget, admission_cap)
+            return batch
         budget = self._schedule_running_prefills(batch, budget)
-        self._admit_waiting(batch, budget, admission_cap)
+        self._admit_waiting(batch, budget)
         return batch
 
     def decoding(self) -> list[Sequence]:
@@ -160,20 +174,56 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, batch: ScheduledBatch, budget: int, finishing_cap: int | None = None) -> None:
-        finishing = 0  # tokens of prompts admitted whole this step
+    def _schedule_shortest_first(self, batch: ScheduledBatch, budget: int, cap: int | None) -> None:
+        """Prompts under way and waiting, fewest tokens left first; the first takes its chunk,
+        the others what the budget and `cap` (the step's prompt tokens, the first's included)
+        leave."""
+        under_way = [seq for seq in self.running if seq.in_prefill]
+        order = sorted(under_way + list(self.waiting), key=lambda seq: seq.num_uncomputed_tokens)  # stable
+        used, admitting = 0, True
+        for seq in order:
+            room = budget if not batch.prefills or cap is None else min(budget, cap - used)
+            if room <= 0:
+                break
+            if seq.status == SequenceStatus.RUNNING:
+                n = self._chunk(seq, room, first_prefill=not batch.prefills)
+                if n == 0 or seq not in self.running or not self._make_room(seq, seq.num_computed_tokens + n, batch):
+                    continue
+            else:
+                if not admitting or len(self.running) >= self.max_num_seqs:
+                    continue
+                if not seq.block_table:
+                    self.blocks.match_prefix(seq)
+                n = self._chunk(seq, room, first_prefill=not batch.prefills)
+                deferred = bool(n and batch.prefills and self.blocks.enable_prefix_caching
+                                and self._shared_tokens(seq, self._computing(batch)) >= DEFER_SHARED_TOKENS)
+                if n == 0 or deferred or self.blocks.blocks_needed(
+                        seq, seq.num_computed_tokens + n) > self.blocks.num_free_blocks:
+                    # it keeps its place, its prefix blocks go back; without room, no later
+                    # prompt jumps it; deferred, the next step finds its shared blocks cached
+                    self.blocks.free_sequence(seq)
+                    seq.num_computed_tokens = 0
+                    admitting = admitting and deferred
+                    continue
+                self.blocks.record_admission(seq)
+                self.waiting.remove(seq)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            batch.prefills.append((seq, n))
+            budget -= n
+            used += n
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         computing: set[int] | None = None  # hashes of the full blocks this step's prompts compute
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
                 self.blocks.match_prefix(seq)
             n = self._chunk(seq, budget, first_prefill=not batch.prefills)
-            whole = n == seq.num_uncomputed_tokens
-            if finishing_cap is not None and whole and finishing and finishing + n > finishing_cap:
-                n = 0  # a later step starts it, with fewer prompts to wait for
             if n and batch.prefills and self.blocks.enable_prefix_caching:
                 if computing is None:
-                    computing = {h for s, k in batch.prefills for h in self._new_block_hashes(s, k)}
+                    computing = self._computing(batch)
                 if self._shared_tokens(seq, computing) >= DEFER_SHARED_TOKENS:
                     n = 0  # the next step finds them cached
             if n == 0 or self.blocks.blocks_needed(
@@ -190,9 +240,12 @@ class Scheduler:
             self.running.append(seq)
             batch.prefills.append((seq, n))
             budget -= n
-            finishing += n if whole else 0
             if computing is not None:  # later prompts may share this one's blocks too
                 computing.update(self._new_block_hashes(seq, n))
+
+    def _computing(self, batch: ScheduledBatch) -> set[int]:
+        """Hashes of the full blocks the batch's prompts compute."""
+        return {h for s, k in batch.prefills for h in self._new_block_hashes(s, k)}
 
     def _new_block_hashes(self, seq: Sequence, tokens: int) -> list[int]:
         """Hashes of the full blocks `seq` completes with its next `tokens` tokens, the chain
