@@ -21,7 +21,7 @@ def test_prefill_profile_trades_kv_pool_for_token_budget_and_switching_back_rest
     prefill = shape_for_role("prefill", "decode", start)
     assert prefill.num_kv_blocks < start.num_kv_blocks
     assert prefill.max_num_batched_tokens > start.max_num_batched_tokens
-    assert prefill.chunk_size == 0  # whole prompts: every layer streams while the rest computes
+    assert prefill.chunk_size == start.chunk_size  # a short prompt waits for one chunk at most
     assert shape_for_role("decode", "decode", start) == start
     # a worker that started as prefill grows its pool when it becomes a decoder
     decode = shape_for_role("decode", "prefill", prefill)

@@ -32,10 +32,10 @@ def add_arguments(parser) -> None:
                         "(Q4_0, Q4_1, Q8_0); none: weights at full precision (--dtype)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--chunk-size", type=int, default=None,
-                        help="longest prefill chunk (0: whole prompts); default 0 for prefill "
-                        "workers (no decodes to protect, and every layer streams while the "
-                        "prompt computes), 512 otherwise")
+    parser.add_argument("--chunk-size", type=int, default=512,
+                        help="longest prefill chunk (0: whole prompts): on a decode worker it "
+                        "bounds the steps beside its decodes, on a prefill worker the step a "
+                        "shorter prompt that arrives may wait for")
     parser.add_argument("--tpot-objective-ms", type=float, default=DEFAULT_TPOT_OBJECTIVE_S * 1e3,
                         help="cap prompt tokens per step so running decodes keep this time per "
                         "output token, each gap between tokens too (from measured step costs; "
@@ -75,10 +75,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--log-level", default="info")
 
 
-def default_chunk_size(role: str) -> int:
-    return 0 if role == "prefill" else 512
-
-
 def settings_from_args(args) -> WorkerSettings:
     return WorkerSettings(
         role=args.role, model=None if args.model in ("bundled", "", None) else args.model,
@@ -87,7 +83,7 @@ def settings_from_args(args) -> WorkerSettings:
         kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization,
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-        chunk_size=default_chunk_size(args.role) if args.chunk_size is None else args.chunk_size,
+        chunk_size=args.chunk_size,
         tpot_objective_s=args.tpot_objective_ms / 1e3, tpot_bank_objectives=args.tpot_bank_objectives,
         commit_hold=args.commit_hold,
         kv_cache_memory_gb=args.kv_cache_memory_gb,

@@ -1,9 +1,11 @@
 """Role profiles and the worker's lifecycle states (pure).
 
 A prefill worker wants a small KV pool (it holds a prompt only until the decode worker has
-acknowledged it) and a big per-step token budget with whole-prompt steps (so every layer is
-streamed while the rest of the prompt computes); a decode worker wants the opposite. A switch
-keeps the memory budget: what the KV pool gives up, activations of the bigger steps take.
+acknowledged it) and a big per-step token budget; a decode worker wants the opposite. A switch
+keeps the memory budget: what the KV pool gives up, activations of the bigger steps take. Both
+keep the chunk size: on a prefill worker it is the longest step a shorter prompt that arrives
+waits for (it takes prompts fewest tokens first); whole-prompt steps there held 64-token
+prompts for all of a 2,000-token one (~4 s on one core).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _as_decode(role: str, shape: PoolShape) -> PoolShape:
         return PoolShape(
             shape.num_kv_blocks * PREFILL_FACTOR,
             max(1, shape.max_num_batched_tokens // PREFILL_FACTOR),
-            shape.chunk_size or 512,
+            shape.chunk_size or 512,  # a whole-prompt prefill worker still chunks beside decodes
         )
     return shape
 
@@ -52,7 +54,7 @@ def shape_for_role(role: str, start_role: str, start_shape: PoolShape) -> PoolSh
         return PoolShape(
             max(1, decode.num_kv_blocks // PREFILL_FACTOR),
             decode.max_num_batched_tokens * PREFILL_FACTOR,
-            0,
+            decode.chunk_size,
         )
     return decode
 
