@@ -13,10 +13,11 @@ from baton.router.policy import (
     WorkerSnapshot,
     affinity_slack,
     choose_path,
+    prefill_queue_ahead,
     rank_decode,
     rank_prefill,
 )
-from baton.router.pool import positive_or_none
+from baton.router.pool import Membership, WorkerPool, positive_or_none
 from baton.router.threshold import ThresholdEstimator, parse_threshold, threshold_tokens
 from baton.router.worker_metrics import counter_deltas, parse_worker_counters
 
@@ -128,6 +129,39 @@ def test_the_prefill_queue_counts_tokens_not_prompts():
     # (counted as 8 prompts "like this one" it stayed home and stalled the streams for 11 s)
     behind_short_ones = threshold_tokens(**measured, decoding=2, queued_tokens=8 * 64)
     assert choose_path(2000, behind_short_ones, True) == "remote"
+
+
+def test_a_prompt_waits_for_the_shorter_prompts_queued_and_one_step_of_a_longer_one():
+    # the prefill worker takes the prompt with the fewest tokens left first; of a longer
+    # prompt, the step under way: half of it expected
+    assert prefill_queue_ahead([], 64, 512) == 0
+    assert prefill_queue_ahead([2000], 64, 512) == 256  # one chunk of the long one
+    assert prefill_queue_ahead([2000], 64, 0) == 1000  # whole prompts: all of it
+    assert prefill_queue_ahead([300], 64, 512) == 150  # a longer prompt shorter than a chunk
+    assert prefill_queue_ahead([64, 2000, 64, 3000], 64, 512) == 64 + 64 + 256  # equals arrived first
+    assert prefill_queue_ahead([64, 100, 3000], 2000, 512) == 64 + 100 + 256
+    # measured on one core: eight streams decoding, a 2,000-token prompt under way in
+    # 512-token chunks; a 64-token prompt expects half a chunk there (0.4 s) and goes away,
+    # where waiting for all of it (3.4 s) kept it home to stall the eight streams
+    measured = dict(o_fixed_s=0.008, prefill_s_per_token=0.0017, kv_bytes_per_token=23040, link_bytes_per_s=957e6)
+    ahead = prefill_queue_ahead([2000], 64, 512)
+    assert choose_path(64, threshold_tokens(**measured, decoding=8, queued_tokens=ahead), True) == "remote"
+    assert choose_path(64, threshold_tokens(**measured, decoding=8, queued_tokens=2000), True) == "local"
+
+
+def test_the_pool_keeps_each_outstanding_prompt_it_sent_to_prefill():
+    pool = WorkerPool(client=None)
+    pool.set_members([Membership("p", "prefill")])
+    pool.begin("p", 2000)
+    pool.begin("p", 64)
+    pool.begin("p")  # a request with nothing to prefill there
+    assert pool.snapshots()[0].inflight_prompts == (2000, 64) and pool.snapshots()[0].inflight == 3
+    pool.end("p", 2000)
+    pool.end("p")
+    assert pool.snapshots()[0].inflight_prompts == (64,) and pool.snapshots()[0].inflight == 1
+    pool.end("p", 64)
+    pool.end("p", 64)  # ended twice: nothing below zero
+    assert pool.snapshots()[0].inflight_prompts == () and pool.snapshots()[0].inflight == 0
 
 
 def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from baton.engine.block_manager import block_hashes
 from baton.router.metrics import RouterMetrics
-from baton.router.policy import PrefixIndex, WorkerSnapshot, choose_path, rank_decode, rank_prefill
+from baton.router.policy import (
+    PrefixIndex,
+    WorkerSnapshot,
+    choose_path,
+    prefill_queue_ahead,
+    rank_decode,
+    rank_prefill,
+)
 from baton.router.pool import WorkerPool
 from baton.router.threshold import ThresholdEstimator
 from baton.router.worker_client import (
@@ -106,8 +113,9 @@ class Dispatcher:
         decode = await self._decode_candidates(hashes=hashes)
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
-        threshold = self.estimator.threshold(decoding=decode[0].current,
-                                             queued_tokens=prefill[0].inflight_tokens if prefill else 0,
+        queued = prefill_queue_ahead(prefill[0].inflight_prompts, len(prompt) - cached,
+                                     prefill[0].chunk_size) if prefill else 0
+        threshold = self.estimator.threshold(decoding=decode[0].current, queued_tokens=queued,
                                              local_s_per_token=decode[0].prefill_s_per_token)
         path = choose_path(len(prompt) - cached, threshold, bool(prefill))
         if path == "remote":

@@ -25,7 +25,8 @@ class WorkerSnapshot:
     reserved: int = 0  # KV reservations for prompts prefilling elsewhere: they will decode here
     kv_usage: float = 0.0
     inflight: int = 0  # requests this router has outstanding there (fresher than a poll)
-    inflight_tokens: int = 0  # of which prompt tokens still to prefill (prefill workers)
+    inflight_prompts: tuple[int, ...] = ()  # of which the prompt tokens still to prefill (prefill workers)
+    chunk_size: int = 0  # its longest prompt chunk (0: whole prompts), from its state
     prefill_s_per_token: float | None = None  # its own measured cost of a prompt token
     inflight_at_poll: int = 0  # this router's outstanding requests there when it last polled
 
@@ -79,6 +80,20 @@ def rank_prefill(workers: Iterable[WorkerSnapshot], prompt_hashes: list[int], in
     shortest queue."""
     eligible = [w for w in workers if w.accepts_work and w.role in PREFILL_ROLES and w.url not in exclude]
     return sorted(eligible, key=lambda w: (-index.cached_blocks(w.url, prompt_hashes), w.current, w.url))
+
+
+def prefill_queue_ahead(queued_prompts: Iterable[int], tokens: int, chunk_size: int = 0) -> int:
+    """Prompt tokens a prompt of `tokens` can expect to wait for on a prefill worker that
+    takes the prompt with the fewest tokens left first (engine/scheduler.py
+    `shortest_first`): every queued prompt no longer than it, and of the longer ones only the
+    step that may be under way (the shortest of them, one chunk of it where the worker
+    chunks), half of it: a prompt arrives at no particular point of that step."""
+    queued = list(queued_prompts)
+    ahead = sum(t for t in queued if t <= tokens)
+    longer = [t for t in queued if t > tokens]
+    if longer:
+        ahead += (min(min(longer), chunk_size) if chunk_size > 0 else min(longer)) // 2
+    return ahead
 
 
 def choose_path(uncached_tokens: int, threshold: float, has_prefill_worker: bool) -> str:

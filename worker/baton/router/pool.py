@@ -35,7 +35,7 @@ class WorkerPool:
         self._members: dict[str, Membership] = {}
         self._snapshots: dict[str, WorkerSnapshot] = {}
         self._inflight: dict[str, int] = {}
-        self._inflight_tokens: dict[str, int] = {}
+        self._inflight_prompts: dict[str, list[int]] = {}  # prompt tokens to prefill, prompt by prompt
         self._counters: dict[str, dict[str, float]] = {}
         self.changed = asyncio.Event()  # set whenever a worker may have become usable
 
@@ -63,17 +63,23 @@ class WorkerPool:
 
     # -- views used by the dispatcher ------------------------------------------------------
     def snapshots(self) -> list[WorkerSnapshot]:
-        return [replace(s, inflight=self._inflight.get(url, 0), inflight_tokens=self._inflight_tokens.get(url, 0))
-                for url, s in self._snapshots.items()]
+        out = []
+        for url, s in self._snapshots.items():
+            prompts = tuple(self._inflight_prompts.get(url, ()))
+            out.append(replace(s, inflight=self._inflight.get(url, 0), inflight_prompts=prompts))
+        return out
 
     def begin(self, url: str, tokens: int = 0) -> None:
         """A request (of `tokens` prompt tokens to prefill) is outstanding at `url`."""
         self._inflight[url] = self._inflight.get(url, 0) + 1
-        self._inflight_tokens[url] = self._inflight_tokens.get(url, 0) + tokens
+        if tokens > 0:
+            self._inflight_prompts.setdefault(url, []).append(tokens)
 
     def end(self, url: str, tokens: int = 0) -> None:
         self._inflight[url] = max(0, self._inflight.get(url, 0) - 1)
-        self._inflight_tokens[url] = max(0, self._inflight_tokens.get(url, 0) - tokens)
+        prompts = self._inflight_prompts.get(url, [])
+        if tokens > 0 and tokens in prompts:
+            prompts.remove(tokens)
 
     def mark_failed(self, url: str) -> None:
         """A request failed to reach the worker: no new work until a poll succeeds."""
@@ -103,6 +109,7 @@ class WorkerPool:
             running=int(state.get("running") or 0), waiting=int(state.get("waiting") or 0),
             reserved=int(state.get("reservations") or 0),
             kv_usage=float(state.get("kv_usage") or 0.0),
+            chunk_size=max(int(state.get("chunk_size") or 0), 0),
             prefill_s_per_token=positive_or_none(state.get("prefill_seconds_per_token")),
             inflight_at_poll=outstanding)
         was_usable = url in self._snapshots and self._snapshots[url].accepts_work

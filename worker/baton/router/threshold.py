@@ -11,9 +11,11 @@ queued on the prefill worker (Q·t_tok). Remote then wins beyond
     L_thresh = (O_fixed + Q·t_tok) / (t_tok·(1 + n) − kv/BW),
 the unloaded threshold when n = Q = 0: a busy decode worker and an idle prefill pool send
 even short prompts away; a queued prefill pool keeps them home. The queue is counted in
-tokens, not prompts: a short prompt behind one long prefill waits for all of it, a long one
-behind a few short prompts hardly at all (counting prompts sent 64-token prompts to wait
-behind a 2,000-token prefill, and a 2,000-token prompt home to stall eight streams).
+tokens, not prompts, and in the prefill worker's order, fewest tokens left first
+(policy.prefill_queue_ahead): a 64-token prompt waits for the shorter prompts queued there
+and at most the step under way of a 2,000-token one, not all of it; a 2,000-token prompt
+waits for everything shorter (counting prompts, the router once sent 64-token prompts to
+wait behind a 2,000-token prefill, and a 2,000-token prompt home to stall eight streams).
 t_tok is the prefill worker's own step cost per prompt token (queueing and batching out);
 O_fixed is what a remote answer's time leaves once the prefill worker's own time (queue and
 compute) and the transfer are taken out.
