@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from machine_info import machine_record
+from serving_servers import router_placements, worker_steps
 
 from baton.loadgen.main import add_arguments as bench_arguments
 from baton.loadgen.main import bench, print_report
@@ -48,6 +49,9 @@ def run_setup(name: str, args: argparse.Namespace, out: Path, machine: dict) -> 
             "--long-output-len", "8", "--long-every", str(longs_every), "--duration", str(args.duration),
             "--slo", args.slo, "--label", f"interference {name}", "--no-progress"])
         result = asyncio.run(bench(bench_args))
+        # where the prompts prefilled, and each worker's steps by kind: what set the gaps
+        result["prefill_placements"] = router_placements(stack.url)
+        result["worker_steps"] = worker_steps(stack.url)
     finally:
         stack.stop()
     print_report(result)

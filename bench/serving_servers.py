@@ -17,9 +17,37 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from step_histograms import step_summary
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def router_placements(url: str) -> dict[str, float]:
+    """Baton's router at `url`: how many prompts it prefilled locally and remotely (empty
+    for another server)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return {}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "baton_router_routes_total":
+                path = sample.labels.get("path", "")
+                found[path] = found.get(path, 0.0) + sample.value
+    return found
+
+
+def worker_steps(url: str) -> dict[str, dict]:
+    """Baton's workers behind the router at `url`: each one's engine steps by kind
+    (step_histograms.step_summary), keyed by role and address; empty elsewhere."""
+    try:
+        workers = httpx.get(url + "/router/state", timeout=5.0).json()["workers"]
+        return {f"{w['role']}@{w['url']}": step_summary(httpx.get(w["url"] + "/metrics", timeout=5.0).text)
+                for w in workers}
+    except (httpx.HTTPError, KeyError, ValueError):
+        return {}
 
 
 class Server:
@@ -45,27 +73,10 @@ class Server:
         raise TimeoutError(f"{self.name} did not serve within {timeout_s:.0f}s; see {self.log}")
 
     def placements(self) -> dict[str, float]:
-        """Baton's router: how many prompts it prefilled locally and remotely (empty elsewhere)."""
-        try:
-            text = httpx.get(self.url + "/metrics", timeout=5.0).text
-        except httpx.HTTPError:
-            return {}
-        found = {}
-        for line in text.splitlines():
-            if line.startswith("baton_router_routes_total{"):
-                path = line.split('path="', 1)[1].split('"', 1)[0] if 'path="' in line else line
-                found[path] = found.get(path, 0.0) + float(line.rsplit(" ", 1)[1])
-        return found
+        return router_placements(self.url)
 
     def worker_steps(self) -> dict[str, dict]:
-        """Baton: each worker's engine steps by kind (step_histograms.step_summary), keyed by
-        role and address; empty elsewhere."""
-        try:
-            workers = httpx.get(self.url + "/router/state", timeout=5.0).json()["workers"]
-            return {f"{w['role']}@{w['url']}": step_summary(httpx.get(w["url"] + "/metrics", timeout=5.0).text)
-                    for w in workers}
-        except (httpx.HTTPError, KeyError, ValueError):
-            return {}
+        return worker_steps(self.url)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         if self.proc.poll() is None:
