@@ -62,6 +62,8 @@ def test_worker_arguments_pin_every_rank_and_name_the_size():
     assert "--threads" not in args  # each rank runs a thread per core of its share
     single = worker_args(WorkerPlan(0, "prefill", (0,)), 1, 2, "h", "a", None, None, [], [])
     assert "--tensor-parallel-size" not in single and "--chunk-size" not in single
+    chunked = worker_args(WorkerPlan(0, "prefill", (0,)), 1, 2, "h", "a", None, 256, [], [])
+    assert chunked[chunked.index("--chunk-size") + 1] == "256"  # every role takes the stack's chunk
 
 
 def test_autoscaled_conversions_carry_the_pool_sizes_only_where_they_differ():

@@ -57,7 +57,7 @@ def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_
         args += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
     if model:
         args += ["--model", model]
-    if chunk_size is not None and plan.role != "prefill":  # chunking protects decodes
+    if chunk_size is not None:  # every role: a prefill worker's chunk is what a short prompt waits for
         args += ["--chunk-size", str(chunk_size)]
     if peers and plan.role in ("decode", "both"):
         args += ["--peers", ",".join(peers)]
