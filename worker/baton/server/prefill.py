@@ -1,9 +1,9 @@
 """Prefill side of the handoff: run a prompt and stream each layer's KV to a ticket.
 
 The prompt runs as a prefill_only request whose layer listener feeds a LayerStreamer. The
-wire carries whole layers (tokens [0, n)), so with chunked prefill the layers are sent
-during the prompt's last chunk, when every earlier chunk's KV is already in the cache; with
-whole-prompt steps (the prefill role's default) that is the whole prompt's compute. END
+wire carries whole layers (tokens [0, n)), so with chunked prefill (the default, 512 tokens)
+the layers are sent during the prompt's last chunk, when every earlier chunk's KV is already
+in the cache; with whole-prompt steps (`--chunk-size 0`) that is the whole prompt's compute. END
 goes out from the engine thread right after the first token is sampled; the HTTP handler
 then waits for the decode worker's ACK and only after it releases its own copy (into the
 prefix cache). The layers go out straight from those held blocks (no copy): the blocks
