@@ -321,8 +321,8 @@ class Engine:
                                     deferred_s=deferred, bank=bank, context_start=start)
 
     def _admission_cap(self) -> int | None:
-        """Prompt tokens a prefill worker's step may carry past its first prompt's (None: no
-        limit). It hands every prompt off at its step's end, so prompts that share a step
+        """Prompt tokens a prefill worker's step may carry, its first prompt's whatever their
+        number (None: no limit). It hands every prompt off at its step's end, so prompts that share a step
         get their first tokens together: they do only where sharing the step's fixed cost
         gains more than waiting for each other costs (step_budget.prompt_batch_tokens). Its
         scheduler takes the prompt with the fewest tokens left first (scheduler.py), so a

@@ -13,7 +13,7 @@ the unloaded threshold when n = Q = 0: a busy decode worker and an idle prefill 
 even short prompts away; a queued prefill pool keeps them home. The queue is counted in
 tokens, not prompts, and in the prefill worker's order, fewest tokens left first
 (policy.prefill_queue_ahead): a 64-token prompt waits for the shorter prompts queued there
-and at most the step under way of a 2,000-token one, not all of it; a 2,000-token prompt
+and half the step that may be under way of a 2,000-token one, not all of it; a 2,000-token prompt
 waits for everything shorter (counting prompts, the router once sent 64-token prompts to
 wait behind a 2,000-token prefill, and a 2,000-token prompt home to stall eight streams).
 t_tok is the prefill worker's own step cost per prompt token (queueing and batching out);
