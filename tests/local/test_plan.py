@@ -137,3 +137,20 @@ def test_a_stacks_ports_are_all_distinct():
     for _ in range(20):
         ports = free_ports(16)
         assert len(set(ports)) == 16 and all(0 < p < 65536 for p in ports)
+
+
+def test_a_stacks_ports_lie_below_the_ephemeral_range_and_skip_taken_ones():
+    """Below the range the kernel hands out for port 0, no other process's socket takes one
+    of them between the choice and the server's bind."""
+    import random
+    import socket
+
+    from baton.local.runtime import ephemeral_low, free_ports
+
+    low = ephemeral_low()
+    ports = free_ports(8, random.Random(1))
+    assert all(low - 16384 <= p < low for p in ports)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[0]))  # the same draw again: its first port is now in use
+        again = free_ports(8, random.Random(1))
+    assert ports[0] not in again and len(set(again)) == 8 and set(again[:7]) == set(ports[1:])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import socket
 import tempfile
@@ -57,15 +58,45 @@ class RunningServer:
     actor: object
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on loopback now. Every socket stays bound until all are
-    chosen: one bound and closed at a time, the kernel once gave two workers of one stack
-    the same port, and the second could not bind it."""
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+FIXED_PORTS_SPAN = 16384  # ports below the ephemeral range the stack's servers are given from
+
+
+def ephemeral_low(default: int = 32768) -> int:
+    """The lowest port the kernel hands out for port 0 and outgoing connections."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
+    """`count` distinct ports free on loopback now, from below the kernel's ephemeral range.
+    The servers bind them only later, while other processes start: one the kernel had just
+    handed out as port 0 was taken meanwhile by a tensor-parallel rank's own socket of an
+    earlier worker, and the next worker could not bind it; below that range only a process
+    that names a port takes it. Every socket stays bound until all are chosen (one bound and
+    closed at a time, two workers of one stack were once given the same port). Where the
+    range leaves no room below it, the kernel's port 0."""
+    rng = rng or random.Random()
+    low = ephemeral_low()
+    span = range(max(1024, low - FIXED_PORTS_SPAN), low)
     with contextlib.ExitStack() as sockets:
-        bound = [sockets.enter_context(socket.socket()) for _ in range(count)]
-        for s in bound:
+        chosen: list[int] = []
+        for port in rng.sample(span, min(len(span), 8 * count + 64)) if len(span) >= 4 * count else []:
+            if len(chosen) == count:
+                break
+            s = sockets.enter_context(socket.socket())
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen.append(port)
+        while len(chosen) < count:
+            s = sockets.enter_context(socket.socket())
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in bound]
+            chosen.append(s.getsockname()[1])
+        return chosen
 
 
 def announce(message: str) -> None:
