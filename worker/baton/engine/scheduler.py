@@ -189,6 +189,8 @@ class Scheduler:
                 n = self._chunk(seq, room, first_prefill=not batch.prefills)
                 if n == 0 or seq not in self.running or not self._make_room(seq, seq.num_computed_tokens + n, batch):
                     continue
+                self.blocks.allocate(seq, seq.num_computed_tokens + n)
+                batch.prefills.append((seq, n))
             else:
                 if not admitting or len(self.running) >= self.max_num_seqs:
                     continue
@@ -205,12 +207,7 @@ class Scheduler:
                     seq.num_computed_tokens = 0
                     admitting = admitting and deferred
                     continue
-                self.blocks.record_admission(seq)
-                self.waiting.remove(seq)
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
-            batch.prefills.append((seq, n))
+                self._admit(seq, n, batch)
             budget -= n
             used += n
 
@@ -233,15 +230,19 @@ class Scheduler:
                 self.blocks.free_sequence(seq)
                 seq.num_computed_tokens = 0
                 break
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
-            self.blocks.record_admission(seq)
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            batch.prefills.append((seq, n))
+            self._admit(seq, n, batch)
             budget -= n
             if computing is not None:  # later prompts may share this one's blocks too
                 computing.update(self._new_block_hashes(seq, n))
+
+    def _admit(self, seq: Sequence, n: int, batch: ScheduledBatch) -> None:
+        """A waiting prompt starts: its first `n` tokens in this batch."""
+        self.blocks.allocate(seq, seq.num_computed_tokens + n)
+        self.blocks.record_admission(seq)
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        batch.prefills.append((seq, n))
 
     def _computing(self, batch: ScheduledBatch) -> set[int]:
         """Hashes of the full blocks the batch's prompts compute."""
