@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 from machine_info import machine_record
 from serving import hf_folder
-from serving_servers import ROOT, baton_up, remove_dist_alias, vllm_serve
+from serving_servers import ROOT, baton_up, remove_dist_alias, router_placements, vllm_serve
 
 from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 from baton.loadgen.main import add_arguments as loadgen_arguments
@@ -136,7 +136,7 @@ def main() -> None:
             (work / f"{name}.json").write_text(json.dumps(result, indent=1))
             rows[name] = row(result)
             if name in SYSTEMS:
-                rows[name]["placements"] = server.placements()
+                rows[name]["placements"] = router_placements(server.url)
                 rows[name]["workers"] = worker_prefix_hits(server.url)
         except Exception as exc:  # one system failing still leaves the others' numbers
             rows[name] = {"error": str(exc)[-2000:]}

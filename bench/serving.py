@@ -23,7 +23,15 @@ import statistics
 from pathlib import Path
 
 from machine_info import machine_record
-from serving_servers import ROOT, baton_up, remove_dist_alias, vllm_bench_serve, vllm_serve
+from serving_servers import (
+    ROOT,
+    baton_up,
+    remove_dist_alias,
+    router_placements,
+    vllm_bench_serve,
+    vllm_serve,
+    worker_steps,
+)
 
 from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
@@ -138,8 +146,8 @@ def run_system(name: str, args: argparse.Namespace, work: Path, venv: Path, mode
                                   timeout_s=1800)
         row = summary(result)
         if name in LAYOUTS:
-            row["prefill_placements"] = server.placements()
-            row["worker_steps"] = server.worker_steps()  # the warm-ups' steps too
+            row["prefill_placements"] = router_placements(server.url)
+            row["worker_steps"] = worker_steps(server.url)  # the warm-ups' steps too
         return row
     except Exception as exc:
         return {"error": str(exc)[-2000:]}

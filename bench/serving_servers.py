@@ -72,12 +72,6 @@ class Server:
             time.sleep(1.0)
         raise TimeoutError(f"{self.name} did not serve within {timeout_s:.0f}s; see {self.log}")
 
-    def placements(self) -> dict[str, float]:
-        return router_placements(self.url)
-
-    def worker_steps(self) -> dict[str, dict]:
-        return worker_steps(self.url)
-
     def stop(self, timeout_s: float = 60.0) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
