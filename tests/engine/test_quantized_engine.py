@@ -17,9 +17,10 @@ from baton.engine.native import build
 from baton.engine.native import prompt_attention as native_attention
 from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import UnsupportedQuantization
-from baton.engine.quant.placement import dense_products, prompt_dtype
+from baton.engine.quant.placement import BF16_ROW_TILE, dense_products, prompt_dtype
 from baton.engine.quant.weight import QuantizedWeight
 from baton.engine.scoring import prompt_logits
+from baton.engine.step_budget import RowTiles
 
 from .conftest import PROMPTS, make_engine
 from .gguf_rewrite import rewrite_gguf
@@ -134,8 +135,11 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     assert products.dtype == fast
     if products.engine:  # a CPU that multiplies bf16: products dequantized inside them, no copy
         assert "dequantized inside the product" in engine.runner.quantization
+        # and the prompt budget counts a step's rows in that engine's passes
+        assert engine.runner.row_tiles == RowTiles(BF16_ROW_TILE[products.engine], products.min_rows)
     else:
         assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
+        assert engine.runner.row_tiles is None
     assert ("prompt attention in torch.bfloat16" in caplog.text) == (fast == torch.bfloat16 and not native)
     ids = small_reference.tokenizer.encode(HELD_OUT)[:300]  # past the dense products' row counts
     got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)

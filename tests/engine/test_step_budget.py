@@ -12,8 +12,10 @@ from baton.engine.step_budget import (
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
     PromptCost,
+    RowTiles,
     StepCosts,
     attention_work,
+    on_row_tiles,
     prefill_token_budget,
     prompt_batch_tokens,
     step_allowance_s,
@@ -68,6 +70,34 @@ def test_prompts_add_half_a_decode_step_once_decodes_alone_exceed_the_objective(
     assert prefill_token_budget(0.1, 8, costs, ceiling=2048) == pytest.approx(300, rel=0.2)
     slow_prompts = costs_of(0.2, 0.05, 0.1)
     assert prefill_token_budget(0.1, 8, slow_prompts, ceiling=2048) == MIN_PROMPT_TOKENS_PER_STEP
+
+
+def test_tokens_that_fit_move_down_to_a_row_tiles_end_and_forced_ones_up():
+    tiles = RowTiles(8, from_rows=16)
+    # 4 decodes + 14 tokens = 18 rows: the third tile would cost a whole one, past the allowance
+    assert on_row_tiles(14, 4, tiles, ceiling=512, fits=True) == 12
+    # raised to 16 past what fits anyway: the rest of the third tile is nearly free
+    assert on_row_tiles(16, 4, tiles, ceiling=512, fits=False) == 20
+    assert on_row_tiles(16, 4, tiles, ceiling=18, fits=False) == 18  # never past the ceiling
+    assert on_row_tiles(12, 4, tiles, ceiling=512, fits=False) == 12  # already whole tiles
+    assert on_row_tiles(20, 4, tiles, ceiling=20, fits=True) == 20  # the ceiling, not a fit
+    assert on_row_tiles(3, 4, tiles, ceiling=512, fits=True) == 3  # below the tiled products
+    assert on_row_tiles(6, 12, tiles, ceiling=512, fits=True) == 4
+    assert on_row_tiles(1, 16, tiles, ceiling=512, fits=True) == 1  # a prompt always advances
+    assert on_row_tiles(14, 4, None, ceiling=512, fits=True) == 14
+    assert on_row_tiles(14, 4, RowTiles(1), ceiling=512, fits=True) == 14
+
+
+def test_the_budget_counts_a_steps_rows_in_whole_tiles():
+    costs = costs_of(0.02, 0.005, 0.001)
+    # 8 decodes take 60 ms; 40 tokens fit a 100 ms objective: 48 rows, six whole tiles
+    fitted = prefill_token_budget(0.1, 8, costs, ceiling=2048)
+    tiled = prefill_token_budget(0.1, 8, costs, ceiling=2048, tiles=RowTiles(16, from_rows=16))
+    assert (8 + tiled) % 16 == 0 and fitted - 16 < tiled <= fitted
+    # decodes alone past the objective: the forced tokens fill their last tile
+    lost = costs_of(0.2, 0.05, 0.1)
+    forced = prefill_token_budget(0.1, 6, lost, ceiling=2048, tiles=RowTiles(8, from_rows=16))
+    assert forced == 18 and (6 + forced) % 8 == 0
 
 
 def test_one_batch_size_seen_scales_with_the_batch():

@@ -318,7 +318,8 @@ class Engine:
         start = next((seq.num_computed_tokens for seq in self.scheduler.running if seq.in_prefill), 0)
         return prefill_token_budget(objective, len(decoding), self.step_costs, self.config.max_num_batched_tokens,
                                     allowance_s=step_allowance_s(objective, paces, bank), wanted=wanted,
-                                    deferred_s=deferred, bank=bank, context_start=start)
+                                    deferred_s=deferred, bank=bank, context_start=start,
+                                    tiles=self.runner.row_tiles)
 
     def _admission_cap(self) -> int | None:
         """Prompt tokens a prefill worker's step may carry, its first prompt's whatever their

@@ -18,7 +18,7 @@ from baton.engine.native import prompt_steps
 from baton.engine.native.decoder import NativeDecoder
 from baton.engine.parallel.shards import RankShard, local_config, within
 from baton.engine.parallel.weight_shards import shard_tensors
-from baton.engine.quant.placement import place_quantized, prompt_dtype
+from baton.engine.quant.placement import place_quantized, prompt_dtype, row_tiles
 from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
 from baton.engine.step_inputs import StepInputs
@@ -62,6 +62,7 @@ class ModelRunner:
         load_weights(self.model, tensors)
         self.model.to(device)
         self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)
+        self.row_tiles = row_tiles(self.model)  # how its many-row products take a step's rows
         if device.type == "cpu":
             from baton.engine.native import build
 

@@ -54,6 +54,7 @@ class TensorParallelRunner:
         self.full_config = source.config
         self.block_size = config.block_size
         self.native = None
+        self.row_tiles = None  # the prompt budget ignores the products' row passes here
         self.on_kv_event = None  # fn(rank, event): rank KV transfers finishing (rank_kv.py)
         num_blocks = config.num_kv_blocks or kv_pool_blocks(config, local_config(source.config, shards[0]), kv_dtype)
         self._failure: str | None = None

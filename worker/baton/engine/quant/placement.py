@@ -8,6 +8,7 @@ import torch
 
 from baton.engine.cpu_features import CpuInfo, auto_cpu_dtype, this_cpu
 from baton.engine.quant.weight import DenseProducts, QuantizedWeight
+from baton.engine.step_budget import RowTiles
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # faster than dequantizing for torch's bf16 GEMM at every row count up to 512 (one and
 # two threads).
 BF16_MIN_ROWS = {"amx": 16, "avx512_bf16": 16}
+# Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS; AMX tiles
+# of 16 rows): a step's rows are best a whole number of them (step_budget.on_row_tiles).
+BF16_ROW_TILE = {"amx": 16, "avx512_bf16": 8}
 
 
 def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
@@ -64,6 +68,16 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
                 f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product, from {rows} rows: {why}")
     rows = DENSE_MIN_ROWS[gemm]
     return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
+
+
+def row_tiles(model) -> RowTiles | None:
+    """How the model's many-row quantized products take a step's rows, where they run in
+    passes of several rows (the bf16 engines); else None."""
+    engines = {w.dense.engine for w in quantized_weights(model) if w.dense is not None and w.dense.engine}
+    if len(engines) != 1:
+        return None
+    engine = engines.pop()
+    return RowTiles(BF16_ROW_TILE[engine], BF16_MIN_ROWS[engine])
 
 
 def quantized_weights(model) -> list[QuantizedWeight]:
