@@ -1,9 +1,10 @@
 """Steps that carry prompt tokens, on the native step against torch's path, on the bundled
 model as `baton up` serves it (dtype and quantization `auto`). Each case is one step: B
 running decodes (contexts of 300 tokens) beside a prompt chunk of P tokens starting at
-position 0, or a prompt alone. The two paths take turns (where native/prompt_steps.py
-sends a step to torch's path anyway, `native_step_ran` is false and both columns are torch's), each case best of `--repeats`, so
-drift hits both alike. A worker that prefills in small chunks to keep its decodes' time per
+position 0, or a prompt alone. Every case on both paths takes its turn in each of
+`--repeats` rounds, and each cell is its best, so drift hits all alike (where
+native/prompt_steps.py sends a step to torch's path anyway, `native_step_ran` is false and
+both columns are torch's). A worker that prefills in small chunks to keep its decodes' time per
 token pays each step's fixed cost on every chunk: this is that cost.
 
     python bench/mixed_steps.py --threads 1   # writes bench/results/mixed_steps.json
@@ -18,7 +19,10 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("results")
-CASES = ((4, 16), (4, 64), (8, 16), (8, 64), (4, 256), (0, 256), (0, 512), (0, 1024), (8, 0))  # (decodes, prompt tokens)
+# (decodes, prompt tokens); 4 + 12, 16, 20 and 8 + 8, 16 step across the bf16 products'
+# passes of 8 rows (quant/placement.py BF16_ROW_TILE)
+CASES = ((4, 12), (4, 16), (4, 20), (4, 64), (8, 8), (8, 16), (8, 64), (4, 256), (0, 256), (0, 512), (0, 1024),
+         (8, 0), (4, 0))
 DECODE_CONTEXT = 300
 
 
@@ -65,20 +69,24 @@ def main() -> None:
         runner.run(b)
         return time.perf_counter() - start
 
-    rows = []
+    batches = []
     for decodes, prompt in CASES:
         next_block = iter(range(blocks))  # each case's sequences from the pool's start
-        b = batch(decodes, prompt)
+        batches.append(batch(decodes, prompt))
+    for b in batches:
         timed(b, True), timed(b, False)  # warm both
-        best = {"native": float("inf"), "torch": float("inf")}
-        for _ in range(args.repeats):
-            best["native"] = min(best["native"], timed(b, True))
-            best["torch"] = min(best["torch"], timed(b, False))
+    best = [{"native": float("inf"), "torch": float("inf")} for _ in CASES]
+    for _ in range(args.repeats):  # every case and path in turn, so drift hits all alike
+        for b, cell in zip(batches, best):
+            cell["native"] = min(cell["native"], timed(b, True))
+            cell["torch"] = min(cell["torch"], timed(b, False))
+    rows = []
+    for (decodes, prompt), b, cell in zip(CASES, batches, best):
         inputs, _ = StepInputs.from_batch(b, block)
         on_native = not prompt or prompt_steps.runs(native.prompts, len(inputs.token_ids), inputs.prompt_rows_by_context())
         row = {"decodes": decodes, "prompt_tokens": prompt, "native_step_ran": on_native,
-               "native_ms": round(best["native"] * 1e3, 2),
-               "torch_ms": round(best["torch"] * 1e3, 2), "torch_over_native": round(best["torch"] / best["native"], 2)}
+               "native_ms": round(cell["native"] * 1e3, 2),
+               "torch_ms": round(cell["torch"] * 1e3, 2), "torch_over_native": round(cell["torch"] / cell["native"], 2)}
         print(row, flush=True)
         rows.append(row)
     runner.native = native

@@ -256,9 +256,9 @@ def on_row_tiles(tokens: int, decodes: int, tiles: RowTiles | None, ceiling: int
     """`tokens` prompt tokens beside `decodes` moved to a row tile's end: down where they
     were sized to fit the step's allowance (the cost line, fitted on steps of whole tiles,
     prices a partial tile below what it costs), up where they were raised past it anyway
-    (the rest of the last tile is nearly free). On a Zen 4 core, four decodes beside 16
-    prompt tokens (20 rows) took 41 ms, beside 12 (16 rows) 33 ms, beside 20 (24 rows) 40 ms
-    (bench/mixed_steps.py's cases)."""
+    (the rest of the last tile is nearly free). On a Zen 4 core (AVX512-BF16, passes of 8
+    rows), four decodes beside 16 prompt tokens (20 rows) took 38.4 ms, beside 12 (16 rows)
+    30.7 ms, beside 20 (24 rows) 39.3 ms (bench/mixed_steps.py)."""
     rows = decodes + tokens
     if tiles is None or tiles.size <= 1 or tokens <= 0 or tokens >= ceiling or rows < tiles.from_rows:
         return tokens
