@@ -186,6 +186,40 @@ def test_the_engine_chunks_a_prompt_next_to_running_decodes_under_the_objective(
     assert [results["budget-short"], results["budget-long"]] == alone
 
 
+def test_the_engine_fills_the_row_tile_of_a_chunk_it_forces_past_the_objective(engine_fp32, monkeypatch):
+    """Products that take rows 8 at a time: beside a decoding request, each chunk of a long
+    prompt (but its last) makes the step's rows a whole number of tiles."""
+    from baton.engine.sampling import SamplingParams
+
+    engine, greedy = engine_fp32, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    monkeypatch.setattr(engine.config, "tpot_objective_s", 1e-6)  # unreachable: chunks are forced
+    monkeypatch.setattr(engine.runner, "row_tiles", RowTiles(8))
+    chunks = []  # (decodes, prompt tokens, the prompt's tokens left past its chunk) of each step beside decodes
+    schedule = engine.scheduler.schedule
+
+    def recorded(*args):
+        batch = schedule(*args)
+        if batch.decodes and batch.prefills:
+            seq, tokens = batch.prefills[0]
+            chunks.append((len(batch.decodes), tokens, seq.num_uncomputed_tokens - tokens))
+        return batch
+
+    monkeypatch.setattr(engine.scheduler, "schedule", recorded)
+    engine.add_request("Tiles:", greedy, request_id="tiles-short")
+    for _ in range(3):
+        engine.step()
+    # a prompt of its own: the engine is shared, and a prompt it has cached would skip its chunks
+    engine.add_request("Nine quiet boats drifted along the river bank at noon. " * 24, greedy,
+                       request_id="tiles-long")
+    while engine.has_unfinished():
+        engine.step()
+    for rid in ("tiles-short", "tiles-long"):
+        engine.release(rid)
+    assert len(chunks) >= 3, chunks
+    assert all((decodes + tokens) % 8 == 0 for decodes, tokens, left in chunks if left > 0), chunks
+    assert chunks[-1][2] == 0  # the last: whatever was left
+
+
 BANK = 4.0  # objectives a step may bank where saving time is asked for
 
 
