@@ -43,9 +43,11 @@ def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float:
 
 
 def step_summary(text: str) -> dict[str, dict]:
-    """Per kind of step with any steps: count, mean and p50/p90/p99 bounds in ms, and the
-    mean prompt tokens a step computed."""
+    """Per kind of step with any steps: count, mean and p50/p90/p99 bounds in ms, the mean
+    prompt tokens a step computed, and the time off the CPU within steps (its mean and p99
+    bound: what other processes on the worker's core took from its steps)."""
     seconds = histograms(text, "baton_step_seconds")
+    off_cpu = histograms(text, "baton_step_off_cpu_seconds")
     tokens = histograms(text, "baton_step_prompt_tokens")
     out = {}
     for kind, entry in sorted(seconds.items()):
@@ -56,5 +58,9 @@ def step_summary(text: str) -> dict[str, dict]:
             row[f"p{round(q * 100)}_ms_at_most"] = 1e3 * bucket_quantile(entry["buckets"], q)
         if tokens.get(kind, {}).get("count"):
             row["mean_prompt_tokens"] = round(tokens[kind]["sum"] / tokens[kind]["count"], 1)
+        lost = off_cpu.get(kind, {})
+        if lost.get("count"):
+            row["off_cpu_mean_ms"] = round(1e3 * lost["sum"] / lost["count"], 2)
+            row["off_cpu_p99_ms_at_most"] = 1e3 * bucket_quantile(lost["buckets"], 0.99)
         out[kind] = row
     return out

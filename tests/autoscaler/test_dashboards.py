@@ -101,7 +101,7 @@ def test_both_dashboards_exist_and_cover_the_brief():
                    "baton_e2e_request_latency_seconds_bucket", "baton_kv_cache_usage_ratio",
                    "baton_num_requests_waiting", "baton_kv_transfer_bytes_total",
                    "baton_kv_exposed_transfer_seconds_bucket", "baton_step_seconds_bucket",
-                   "baton_step_prompt_tokens_sum"):
+                   "baton_step_prompt_tokens_sum", "baton_step_off_cpu_seconds_sum"):
         assert metric in serving
     controller = " ".join(_exprs(json.loads((ROOT / "charts/baton/dashboards/controller.json").read_text())))
     for metric in ("baton_autoscaler_desired_workers", "baton_autoscaler_actual_workers",

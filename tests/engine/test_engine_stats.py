@@ -3,8 +3,13 @@ metrics once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
 from baton.engine.scheduler import ScheduledBatch
-from baton.engine.stats import RECENT_STEPS, EngineStats, StepRecord
+from baton.engine.stats import RECENT_STEPS, EngineStats, StepRecord, off_cpu_seconds
 from tests.engine.test_scheduler import seq
 
 
@@ -32,3 +37,55 @@ def test_an_unread_record_keeps_only_the_latest_steps():
         stats.record_step(ScheduledBatch(decodes=[seq(4, "a")]), float(i))
     steps = stats.take_steps()
     assert len(steps) == RECENT_STEPS and steps[0].seconds == 10.0 and steps[-1].seconds == RECENT_STEPS + 9
+
+
+def test_time_off_the_cpu_is_the_wall_time_its_threads_did_not_run():
+    assert off_cpu_seconds(0.05, 0.03) == 0.05 - 0.03  # its core ran something else for 20 ms
+    assert off_cpu_seconds(0.05, 0.08) == 0.0  # threads side by side: more CPU time than wall time
+    stats = EngineStats()
+    stats.record_step(ScheduledBatch(decodes=[seq(4, "a")]), 0.05, cpu_seconds=0.01)
+    stats.record_step(ScheduledBatch(decodes=[seq(4, "a")]), 0.05)  # not measured
+    assert [step.off_cpu_seconds for step in stats.take_steps()] == [0.05 - 0.01, 0.0]
+
+
+@contextmanager
+def on_one_core(core: int):
+    """Every thread of this process (the engine's OpenMP threads too) on `core`, then back."""
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    before = {tid: os.sched_getaffinity(tid) for tid in tids}
+    try:
+        for tid in tids:
+            os.sched_setaffinity(tid, {core})
+        yield
+    finally:
+        for tid, cores in before.items():
+            try:
+                os.sched_setaffinity(tid, cores)
+            except ProcessLookupError:
+                pass
+
+
+def off_cpu_share(engine) -> float:
+    from baton.engine.sampling import SamplingParams
+
+    engine.stats.take_steps()
+    engine.generate("Off the CPU:", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    steps = engine.stats.take_steps()
+    assert len(steps) >= 12
+    assert all(0.0 <= s.off_cpu_seconds <= s.seconds for s in steps)
+    return sum(s.off_cpu_seconds for s in steps) / sum(s.seconds for s in steps)
+
+
+def test_a_busy_neighbour_on_the_engines_core_shows_as_time_off_the_cpu(engine_fp32):
+    core = min(os.sched_getaffinity(0))
+    with on_one_core(core):
+        alone = off_cpu_share(engine_fp32)
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            os.sched_setaffinity(hog.pid, {core})
+            shared = off_cpu_share(engine_fp32)
+        finally:
+            hog.kill()
+            hog.wait(timeout=10)
+    # the scheduler gives the neighbour a fair part of the core: a large share of each step
+    assert shared > 0.15 and shared > alone + 0.1, (alone, shared)

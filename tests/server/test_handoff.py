@@ -156,6 +156,7 @@ def test_metrics_follow_the_contract(cluster):
                  "baton_kv_transfer_bytes_total", "baton_kv_transfer_seconds_bucket",
                  "baton_kv_exposed_transfer_seconds_bucket", "baton_prefill_busy_seconds_total",
                  "baton_commit_hold_seconds_total", "baton_step_seconds_bucket", "baton_step_prompt_tokens_bucket",
+                 "baton_step_off_cpu_seconds_bucket",
                  "baton_worker_role", "baton_role_conversions_total", "baton_migrations_total"]:
         assert f"{name}{{" in text or f"{name} " in text, name
     assert 'baton_worker_role{role="decode"} 1.0' in text
@@ -190,6 +191,9 @@ def test_step_metrics_count_every_step_and_prompt_token(cluster):
     assert gained[("baton_step_seconds_count", "decode")] == GREEDY["max_tokens"] - 1
     assert gained[("baton_step_seconds_count", "mixed")] == 0
     assert gained[("baton_step_seconds_sum", "decode")] > 0
+    for kind in ("prompt", "decode"):  # each step's time off the CPU, a part of its time
+        assert gained[("baton_step_off_cpu_seconds_count", kind)] == gained[("baton_step_seconds_count", kind)]
+        assert 0 <= gained[("baton_step_off_cpu_seconds_sum", kind)] <= gained[("baton_step_seconds_sum", kind)]
     prompt_seconds = gained[("baton_step_seconds_sum", "prompt")]
     assert abs(prompt_seconds - (both.metric("baton_prefill_busy_seconds_total") - busy_before)) < 1e-6
 

@@ -282,13 +282,13 @@ class Engine:
         if not (batch.prefills or batch.decodes):
             return outputs
         work = sum(attention_work(seq.num_computed_tokens, n) for seq, n in batch.prefills)  # before they advance
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         try:
             sampled = self._run(batch, layer_hook)
         except Exception as exc:
             sampled = self._run_one_by_one(batch, layer_hook, exc, outputs)
         seconds = time.perf_counter() - started
-        self.stats.record_step(batch, seconds)
+        self.stats.record_step(batch, seconds, time.process_time() - cpu_started)
         self.step_costs.observe(len(batch.decodes), batch.num_tokens - len(batch.decodes), seconds, work)
         now = time.monotonic()
         for seq, result in sampled:

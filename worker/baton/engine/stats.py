@@ -14,12 +14,22 @@ class StepRecord(NamedTuple):
     decodes: int
     prompt_tokens: int
     seconds: float
+    # the step's wall time less the worker process's CPU time in it: time its core ran
+    # something else (another process, the hypervisor, a CPU quota's throttling)
+    off_cpu_seconds: float = 0.0
 
     @property
     def kind(self) -> str:
         if not self.prompt_tokens:
             return "decode"
         return "mixed" if self.decodes else "prompt"
+
+
+def off_cpu_seconds(wall_seconds: float, cpu_seconds: float) -> float:
+    """Time within a step that no thread of the process ran. Exact for a worker on one core
+    (its own threads' CPU time, its event loop's too, is part of the wall time); where threads
+    run side by side their CPU time can pass the wall time, and this reads 0."""
+    return max(0.0, wall_seconds - cpu_seconds)
 
 
 class EngineStats:
@@ -35,7 +45,8 @@ class EngineStats:
         # token, so the per-step objective is seen in these, not in averages (baton_step_seconds)
         self._recent: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
 
-    def record_step(self, batch, seconds: float) -> None:
+    def record_step(self, batch, seconds: float, cpu_seconds: float | None = None) -> None:
+        """`cpu_seconds`: the process's CPU time over the step (None: not measured)."""
         self.steps += 1
         prompt = sum(n for _, n in batch.prefills)
         self.prompt_tokens += prompt
@@ -44,7 +55,8 @@ class EngineStats:
             self.prefill_seconds += seconds
         else:
             self.decode_seconds += seconds
-        self._recent.append(StepRecord(len(batch.decodes), prompt, seconds))
+        off_cpu = off_cpu_seconds(seconds, cpu_seconds) if cpu_seconds is not None else 0.0
+        self._recent.append(StepRecord(len(batch.decodes), prompt, seconds, off_cpu))
 
     def take_steps(self) -> list[StepRecord]:
         """The steps recorded since the last call, oldest first."""

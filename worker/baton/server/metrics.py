@@ -20,6 +20,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 STEP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05, 0.06, 0.075, 0.1, 0.15,
                 0.25, 0.5, 1, 2.5, 5)
 STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# a few ms lost to a neighbour, up to a throttled CPU quota's 100 ms period
+OFF_CPU_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -45,6 +47,9 @@ class WorkerMetrics:
         self.prefill_busy = Counter("baton_prefill_busy_seconds", "time spent running prefill steps", L, registry=r)
         self.step_seconds = Histogram("baton_step_seconds", "one engine step's forward pass and sampling",
                                       ["role", "kind"], registry=r, buckets=STEP_BUCKETS)
+        self.step_off_cpu = Histogram("baton_step_off_cpu_seconds",
+                                      "time within one engine step when no thread of the worker ran",
+                                      ["role", "kind"], registry=r, buckets=OFF_CPU_BUCKETS)
         self.step_prompt_tokens = Histogram("baton_step_prompt_tokens", "prompt tokens one step computed",
                                             ["role", "kind"], registry=r, buckets=STEP_TOKEN_BUCKETS)
         self.commit_hold = Counter("baton_commit_hold_seconds", "time decode steps waited for a prompt's KV due", L, registry=r)
@@ -67,6 +72,7 @@ class WorkerMetrics:
             self.migrations.labels(role=role, direction=direction)
         for kind in STEP_KINDS:
             self.step_seconds.labels(role=role, kind=kind)
+            self.step_off_cpu.labels(role=role, kind=kind)
             if kind != "decode":
                 self.step_prompt_tokens.labels(role=role, kind=kind)
         for name in ROLES:
@@ -116,6 +122,7 @@ class WorkerMetrics:
             self._seen[key] = value
         for step in stats.take_steps():
             self.step_seconds.labels(role=role, kind=step.kind).observe(step.seconds)
+            self.step_off_cpu.labels(role=role, kind=step.kind).observe(step.off_cpu_seconds)
             if step.prompt_tokens:
                 self.step_prompt_tokens.labels(role=role, kind=step.kind).observe(step.prompt_tokens)
 
