@@ -43,7 +43,7 @@ def test_time_off_the_cpu_is_the_wall_time_its_threads_did_not_run():
     assert off_cpu_seconds(0.05, 0.03) == 0.05 - 0.03  # its core ran something else for 20 ms
     assert off_cpu_seconds(0.05, 0.08) == 0.0  # threads side by side: more CPU time than wall time
     stats = EngineStats()
-    stats.record_step(ScheduledBatch(decodes=[seq(4, "a")]), 0.05, cpu_seconds=0.01)
+    stats.record_step(ScheduledBatch(decodes=[seq(4, "a")]), 0.05, off_cpu_seconds(0.05, 0.01))
     stats.record_step(ScheduledBatch(decodes=[seq(4, "a")]), 0.05)  # not measured
     assert [step.off_cpu_seconds for step in stats.take_steps()] == [0.05 - 0.01, 0.0]
 

@@ -19,7 +19,7 @@ from baton.engine.outputs import RequestOutput
 from baton.engine.sampling import SampleResult, SamplingParams, sample, skip_draws
 from baton.engine.scheduler import ScheduledBatch, Scheduler
 from baton.engine.sequence import Sequence, SequenceStatus
-from baton.engine.stats import EngineStats
+from baton.engine.stats import EngineStats, off_cpu_seconds
 from baton.engine.step_budget import (
     StepCosts,
     attention_work,
@@ -288,7 +288,7 @@ class Engine:
         except Exception as exc:
             sampled = self._run_one_by_one(batch, layer_hook, exc, outputs)
         seconds = time.perf_counter() - started
-        self.stats.record_step(batch, seconds, time.process_time() - cpu_started)
+        self.stats.record_step(batch, seconds, off_cpu_seconds(seconds, time.process_time() - cpu_started))
         self.step_costs.observe(len(batch.decodes), batch.num_tokens - len(batch.decodes), seconds, work)
         now = time.monotonic()
         for seq, result in sampled:

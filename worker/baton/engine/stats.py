@@ -45,8 +45,8 @@ class EngineStats:
         # token, so the per-step objective is seen in these, not in averages (baton_step_seconds)
         self._recent: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
 
-    def record_step(self, batch, seconds: float, cpu_seconds: float | None = None) -> None:
-        """`cpu_seconds`: the process's CPU time over the step (None: not measured)."""
+    def record_step(self, batch, seconds: float, off_cpu: float = 0.0) -> None:
+        """`off_cpu`: the step's time off the CPU (off_cpu_seconds; 0 where not measured)."""
         self.steps += 1
         prompt = sum(n for _, n in batch.prefills)
         self.prompt_tokens += prompt
@@ -55,7 +55,6 @@ class EngineStats:
             self.prefill_seconds += seconds
         else:
             self.decode_seconds += seconds
-        off_cpu = off_cpu_seconds(seconds, cpu_seconds) if cpu_seconds is not None else 0.0
         self._recent.append(StepRecord(len(batch.decodes), prompt, seconds, off_cpu))
 
     def take_steps(self) -> list[StepRecord]:
