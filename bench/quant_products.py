@@ -58,8 +58,8 @@ def main() -> None:
         return run
 
     paths = {"int16": lambda w, x: native_quant.product(lib, w.native_matrix, x, w.shape[0])}
-    for name in native_quant.bf16_engines(lib):
-        paths[name] = lambda w, x, name=name: native_quant.product_bf16(lib, w.native_matrix, x, w.shape[0], name)
+    for name in native_quant.panel_engines(lib):
+        paths[name] = lambda w, x, name=name: native_quant.product_panels(lib, w.native_matrix, x, w.shape[0], name)
     paths["dense_bf16"] = dense(torch.bfloat16)
     paths["dense_fp32"] = dense(torch.float32)
 
@@ -80,7 +80,7 @@ def main() -> None:
     result = {"machine": machine_record(args.threads), "model": engine.model_name,
               "matrices": len(weights), "weights": sum(w.shape[0] * w.shape[1] for w in weights),
               "repeats": args.repeats, "ms_per_step_best": table,
-              "int16_kernel": native_quant.kernel_name(lib), "bf16_engines": native_quant.bf16_engines(lib)}
+              "int16_kernel": native_quant.kernel_name(lib), "panel_engines": native_quant.panel_engines(lib)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

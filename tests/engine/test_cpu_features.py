@@ -7,7 +7,13 @@ import torch
 
 from baton.engine.config import EngineConfig
 from baton.engine.cpu_features import auto_cpu_dtype, parse_cpuinfo, this_cpu
-from baton.engine.quant.placement import BF16_MIN_ROWS, DENSE_MIN_ROWS, dense_products, prompt_dtype
+from baton.engine.quant.placement import (
+    DENSE_MIN_ROWS,
+    ENGINE_NAMES,
+    PANEL_MIN_ROWS,
+    dense_products,
+    prompt_dtype,
+)
 
 from .conftest import make_engine
 
@@ -138,19 +144,34 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
     assert chosen.min_rows >= 64 and not chosen.engine
 
 
-@pytest.mark.parametrize("text, engines, dtype, asked, engine", [
-    (SAPPHIRE_RAPIDS, ["avx512_bf16", "amx"], torch.float32, "auto", "amx"),  # quantized auto: bf16, the fastest
-    (SAPPHIRE_RAPIDS, ["avx512_bf16", "amx"], torch.bfloat16, "bfloat16", "amx"),
-    (SAPPHIRE_RAPIDS, ["avx512_bf16"], torch.float32, "auto", "avx512_bf16"),  # the OS refused AMX
-    (ZEN4, ["avx512_bf16"], torch.float32, "auto", "avx512_bf16"),
-    (SAPPHIRE_RAPIDS, ["avx512_bf16", "amx"], torch.float32, "float32", ""),  # float32 asked for: bf16 engines unused
+@pytest.mark.parametrize("text, engines, dtype, asked, products, engine", [
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "auto", "", "amx"),  # auto: the fastest
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.bfloat16, "bfloat16", "auto", "amx"),
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_bf16"),  # the OS refused AMX
+    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_bf16"),  # int8 only when asked
+    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "auto", "", ""),  # no bf16 in hardware: float32 GEMM
+    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "int8", "avx512_vnni"),
+    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", " INT8 ", "avx512_vnni"),  # asked: whatever the dtype
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "float32", "", ""),  # float32 asked: none
 ])
-def test_with_bf16_engines_in_the_library_prompt_products_dequantize_inside_them(text, engines, dtype, asked, engine):
-    chosen, why = dense_products(parse_cpuinfo(text, "x86_64"), dtype, asked, engines=engines)
+def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside_them(text, engines, dtype, asked,
+                                                                                       products, engine):
+    chosen, why = dense_products(parse_cpuinfo(text, "x86_64"), dtype, asked, engines=engines,
+                                 asked_products=products)
     assert chosen.engine == engine
     if engine:
-        assert chosen.dtype == torch.bfloat16 and chosen.min_rows == BF16_MIN_ROWS[engine]
-        assert ("AMX" if engine == "amx" else "AVX512-BF16") in why
-        assert BF16_MIN_ROWS[engine] < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
+        assert chosen.min_rows == PANEL_MIN_ROWS[engine] and ENGINE_NAMES[engine] in why
+        assert ("int8" if engine == "avx512_vnni" else "bfloat16") in why
+        assert PANEL_MIN_ROWS[engine] < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
     else:
         assert chosen.dtype == torch.float32 and chosen.min_rows == DENSE_MIN_ROWS[torch.float32]
+
+
+@pytest.mark.parametrize("engines, products, message", [
+    (["avx512_bf16"], "int8", r"needs AVX512-VNNI \(avx512_vnni\).*panel engines are \['avx512_bf16'\]"),
+    ([], "int8", "panel engines are none"),
+    (["avx512_bf16", "avx512_vnni"], "int4", "BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not 'int4'"),
+])
+def test_int8_products_asked_where_they_cannot_run_or_misspelt_name_the_problem(engines, products, message):
+    with pytest.raises(ValueError, match=message):
+        dense_products(parse_cpuinfo(ZEN4, "x86_64"), torch.float32, "auto", engines=engines, asked_products=products)

@@ -23,7 +23,7 @@ from .quant_data import random_rows
 @pytest.fixture(params=["avx512_bf16", "amx"])
 def engine(request, lib):
     name = request.param
-    if name not in native_quant.bf16_engines(lib):
+    if name not in native_quant.panel_engines(lib):
         flags = this_cpu().flags
         if name == "amx":
             why = "the OS refused AMX state" if {"amx_tile", "amx_bf16"} <= flags else "this CPU has no AMX (amx_bf16)"
@@ -55,7 +55,7 @@ def _inputs(rows: int, k: int, seed: int) -> torch.Tensor:
 def test_product_matches_the_bf16_dense_values(lib, engine, name, rows):
     w = _weight(lib, [(name, random_rows(FORMATS[name], 37, 96, seed=rows))])  # 3 groups, the last partial
     x = _inputs(rows, 96, seed=rows)
-    got = native_quant.product_bf16(lib, w.native_matrix, x, 37, engine)
+    got = native_quant.product_panels(lib, w.native_matrix, x, 37, engine)
     expected = _bf16_reference(lib, w, x)
     assert got.dtype == torch.float32 and got.shape == (rows, 37)
     # only the float32 sums round: a few ulps of the largest partial sums
@@ -68,16 +68,16 @@ def test_a_matrix_of_parts_in_three_formats(lib, engine):
     w = _weight(lib, parts)
     x = _inputs(21, 64, seed=4)
     expected = _bf16_reference(lib, w, x)
-    torch.testing.assert_close(native_quant.product_bf16(lib, w.native_matrix, x, 69, engine), expected,
+    torch.testing.assert_close(native_quant.product_panels(lib, w.native_matrix, x, 69, engine), expected,
                                rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 def test_a_rows_result_does_not_depend_on_its_batch(lib, engine):
     w = _weight(lib, [("Q4_1", random_rows(FORMATS["Q4_1"], 48, 128, seed=5))])
     x = _inputs(35, 128, seed=6)
-    together = native_quant.product_bf16(lib, w.native_matrix, x, 48, engine)
+    together = native_quant.product_panels(lib, w.native_matrix, x, 48, engine)
     for row in (0, 7, 8, 16, 34):
-        alone = native_quant.product_bf16(lib, w.native_matrix, x[row : row + 1], 48, engine)
+        alone = native_quant.product_panels(lib, w.native_matrix, x[row : row + 1], 48, engine)
         assert torch.equal(alone[0], together[row])
 
 
@@ -102,7 +102,7 @@ def test_the_panels_hold_the_dense_paths_bits(lib, engine, name):
         assert 10 < inexact.sum() < inexact.size  # both paths run
     w = _weight(lib, [(name, raw)])
     dense = native_quant.dequantize(lib, w.native_matrix, 0, 37, dtype=torch.bfloat16).float()
-    got = native_quant.product_bf16(lib, w.native_matrix, torch.eye(96), 37, engine)
+    got = native_quant.product_panels(lib, w.native_matrix, torch.eye(96), 37, engine)
     assert torch.equal(got, dense.t())
 
 
@@ -126,10 +126,10 @@ def test_a_library_built_without_bf16_instructions_says_so_and_refuses():
         pytest.skip("needs a CPU that runs -march=x86-64-v4 code")
     flags = ["-march=x86-64-v4" if flag == "-march=native" else flag for flag in build.FLAGS]
     lib = build.open_library(build.build_library(build.cache_dir(), flags))
-    assert native_quant.bf16_engines(lib) == []
+    assert native_quant.panel_engines(lib) == []  # x86-64-v4 has neither AVX512-BF16 nor AVX512-VNNI
     w = _weight(lib, [("Q4_0", random_rows(FORMATS["Q4_0"], 16, 64, seed=9))])
-    for engine in ("", "amx", "avx512_bf16"):
-        with pytest.raises(RuntimeError, match=f"{engine or 'every engine'} unavailable here"):
-            native_quant.product_bf16(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, engine)
-    with pytest.raises(ValueError, match="unknown bf16 engine 'avx2'"):
-        native_quant.product_bf16(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, "avx2")
+    for engine in ("", "amx", "avx512_bf16", "avx512_vnni"):
+        with pytest.raises(RuntimeError, match=f"{engine or 'every bf16 engine'} unavailable here"):
+            native_quant.product_panels(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, engine)
+    with pytest.raises(ValueError, match="unknown panel engine 'avx2'"):
+        native_quant.product_panels(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, "avx2")

@@ -17,7 +17,7 @@ from baton.engine.native import build
 from baton.engine.native import prompt_attention as native_attention
 from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import UnsupportedQuantization
-from baton.engine.quant.placement import BF16_ROW_TILE, dense_products, prompt_dtype
+from baton.engine.quant.placement import ENGINE_NAMES, PANEL_ROW_TILE, dense_products, prompt_dtype
 from baton.engine.quant.weight import QuantizedWeight
 from baton.engine.scoring import prompt_logits
 from baton.engine.step_budget import RowTiles
@@ -131,12 +131,12 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     native_dtype = fast if native_attention.takes_bf16(lib) else torch.float32
     assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == (native_dtype if native else fast)
     assert ("prompt attention native" in caplog.text) == native
-    products, _ = dense_products(this_cpu(), torch.float32, "auto", engines=native_quant.bf16_engines(lib))
+    products, _ = dense_products(this_cpu(), torch.float32, "auto", engines=native_quant.panel_engines(lib))
     assert products.dtype == fast
-    if products.engine:  # a CPU that multiplies bf16: products dequantized inside them, no copy
-        assert "dequantized inside the product" in engine.runner.quantization
+    if products.engine:  # a CPU that multiplies bf16 or int8: weights unpacked inside the products, no copy
+        assert ENGINE_NAMES[products.engine] in engine.runner.quantization
         # and the prompt budget counts a step's rows in that engine's passes
-        assert engine.runner.row_tiles == RowTiles(BF16_ROW_TILE[products.engine], products.min_rows)
+        assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE[products.engine], products.min_rows)
     else:
         assert f"{str(fast).removeprefix('torch.')} GEMM" in engine.runner.quantization
         assert engine.runner.row_tiles is None
@@ -203,3 +203,30 @@ def test_without_the_native_library_tiles_are_dequantized_with_torch(monkeypatch
     ids = small_reference.tokenizer.encode(HELD_OUT)[:32]
     # float32 inputs on the weights ggml would dequantize: the float32 path up to sum order
     torch.testing.assert_close(prompt_logits(engine, ids), prompt_logits(small_reference, ids), atol=1e-3, rtol=1e-4)
+
+
+def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(small_files, small_reference, lib,
+                                                                            monkeypatch, caplog):
+    """BATON_PROMPT_PRODUCTS=int8: prompt chunks' products on int8 inputs (AVX512-VNNI) in the
+    native step, said in the log; less accurate than the default, still near float32."""
+    if "avx512_vnni" not in native_quant.panel_engines(lib):
+        pytest.skip("no int8 products here: this CPU or its library has no AVX512-VNNI")
+    monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int8")
+    with caplog.at_level(logging.INFO, logger="baton.engine.quant.placement"):
+        engine = make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)
+    assert "int8 on AVX512-VNNI" in engine.runner.quantization and "BATON_PROMPT_PRODUCTS=int8" in caplog.text
+    steps = engine.runner.native.prompts
+    assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS["avx512_vnni"] and steps.quant_min_rows == 8
+    assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE["avx512_vnni"], 8)
+    ids = small_reference.tokenizer.encode(HELD_OUT)[:300]
+    got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)
+    agree = (reference.argmax(-1) == got.argmax(-1)).float().mean().item()
+    kl = F.kl_div(F.log_softmax(got, -1), F.log_softmax(reference, -1), log_target=True,
+                  reduction="batchmean").item()
+    assert agree >= 0.9 and 0 < kl < 0.05, (agree, kl)
+
+
+def test_a_misspelt_prompt_products_setting_fails_at_start_naming_it(small_files, lib, monkeypatch):
+    monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int4")
+    with pytest.raises(ValueError, match="BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not 'int4'"):
+        make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)

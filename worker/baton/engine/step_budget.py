@@ -244,9 +244,9 @@ def prompt_batch_tokens(costs: StepCosts, ceiling: int) -> int:
 
 
 class RowTiles(NamedTuple):
-    """A step of at least `from_rows` rows runs its products `size` rows at a time (the bf16
-    products on quantized weights: native/quant_bf16.h's passes), and a partly filled tile
-    costs about what a full one does."""
+    """A step of at least `from_rows` rows runs its products `size` rows at a time (the panel
+    products on quantized weights: native/quant_bf16.h's and quant_int8.h's passes), and a
+    partly filled tile costs about what a full one does."""
 
     size: int
     from_rows: int = 0

@@ -24,7 +24,7 @@ import torch
 SOURCE = Path(__file__).with_name("decode_step.c")
 HEADERS = tuple(Path(__file__).with_name(name) for name in (
     "decode_step_body.h", "dot_bf16.h", "quant_kernels.h", "quant_product.h", "quant_dequantize.h", "quant_bf16.h",
-    "quant_amx.h", "prompt_attention.h"))
+    "quant_amx.h", "quant_int8.h", "prompt_attention.h"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
 # (activations' dtype, KV cache's dtype) -> the step compiled for the pair
@@ -109,8 +109,8 @@ def open_library(path: Path) -> ctypes.CDLL:
                                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.baton_silu_and_mul_f32.restype = None
     lib.baton_silu_and_mul_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
-    lib.baton_quant_bf16_scratch_bytes.restype = ctypes.c_int64
-    lib.baton_quant_bf16_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.baton_quant_panel_scratch_bytes.restype = ctypes.c_int64
+    lib.baton_quant_panel_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
     for name in ("baton_quant_product", "baton_quant_quantize_input", "baton_quant_dequantize_to"):
         getattr(lib, name).restype = None
     return lib

@@ -88,10 +88,10 @@ typedef struct { /* scratch, each [rows, width] */
     float *residual, *normed, *qkv, *attn, *gate_up, *act, *out;
     uint16_t *matmul_input; /* bf16 only: a product's input rows */
     /* quantized weights only: baton_quant_input_bytes(rows, widest), and
-     * baton_quant_bf16_scratch_bytes(rows, widest) where quant_engine is set */
+     * baton_quant_panel_scratch_bytes(rows, widest) where quant_engine is set */
     void *quant_input;
     /* this step's products on quantized weights of quant_min_rows rows or more: on
-     * quant_bf16.h's engine (bf16 products, dequantized inside them), or with -1 on the
+     * a panel engine (quant_bf16.h's bf16 products or quant_int8.h's int8 ones), or with -1 on the
      * int16 kernels, as are products of fewer rows (which read each weight byte once) */
     int quant_engine, quant_min_rows;
 } Workspace;
@@ -196,7 +196,7 @@ static void linear_quant(const QuantMatrix *w, const float *x, int rows, int n, 
     /* the engine was checked when chosen; a failure (out of memory for its panels) falls
      * back to the int16 kernels */
     if (ws->quant_engine < 0 || rows < ws->quant_min_rows ||
-        baton_quant_product_bf16(w, x, rows, out, ws->quant_input, ws->quant_engine))
+        baton_quant_product_panels(w, x, rows, out, ws->quant_input, ws->quant_engine))
         baton_quant_product(w, x, rows, out, ws->quant_input);
     if (!bias) return;
     for (int r = 0; r < rows; r++)

@@ -19,7 +19,7 @@ import torch
 
 from baton.engine.native import build, prompt_attention, prompt_steps
 from baton.engine.native.packing import packed_weights, use_dot_products
-from baton.engine.native.quant import BF16_ENGINE_IDS
+from baton.engine.native.quant import PANEL_ENGINE_IDS
 from baton.engine.quant.weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _prompt_plan(lib: ctypes.CDLL, model, kv_dtype: torch.dtype, quantized: list
     return prompt_steps.plan(
         bool(lib.baton_step_takes_prompts()),
         prompt_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv_dtype),
-        quantized[0].dense if quantized else None, BF16_ENGINE_IDS, bf16_products, torch_attention_faster,
+        quantized[0].dense if quantized else None, PANEL_ENGINE_IDS, bf16_products, torch_attention_faster,
         os.environ.get("BATON_NATIVE_PROMPT_STEPS", "").strip())
 
 
@@ -222,7 +222,7 @@ class NativeDecoder:
         self._workspace.matmul_input = buffer.data_ptr()
         if self.quantized:
             size = max(self._lib.baton_quant_input_bytes(self._rows, self._widest_input),
-                       self._lib.baton_quant_bf16_scratch_bytes(self._rows, self._widest_input))
+                       self._lib.baton_quant_panel_scratch_bytes(self._rows, self._widest_input))
             self._buffers["quant_input"] = buffer = torch.empty(size, dtype=torch.uint8)
             self._workspace.quant_input = buffer.data_ptr()
 

@@ -31,7 +31,7 @@ TORCH_ATTENTION_WORK = 512 * 512
 class PromptSteps:
     max_rows: float  # steps with prompt tokens and fewer rows than this run natively (0: none)
     max_attention_work: float  # and whose chunks' rows x context sum to at most this
-    quant_engine: int  # quant_bf16.h's engine for products of quant_min_rows rows or more, or NO_ENGINE
+    quant_engine: int  # the panel engine (native/quant.py) for products of quant_min_rows rows or more, or NO_ENGINE
     quant_min_rows: int
     bf16_products: bool  # the chunks' attention on bf16 products
     reason: str
@@ -44,7 +44,7 @@ def plan(takes_prompts: bool, attention_unsupported: str | None, dense: DensePro
     attention (AVX-512); `attention_unsupported`: why the kernel cannot take this model's
     heads, or None; `dense`: how the quantized weights' many-row products run (None for
     full-precision weights, or quantized ones without a dense path); `engine_ids`:
-    native/quant.py's BF16_ENGINE_IDS; `torch_attention_faster`: the torch path's prompt
+    native/quant.py's PANEL_ENGINE_IDS; `torch_attention_faster`: the torch path's prompt
     attention is torch's, measured the faster here (native/prompt_attention.py's `choose`);
     `setting`: BATON_NATIVE_PROMPT_STEPS ("0" keeps torch's
     path for them)."""
@@ -65,7 +65,7 @@ def plan(takes_prompts: bool, attention_unsupported: str | None, dense: DensePro
         return PromptSteps(math.inf, work, NO_ENGINE, 0, bf16_products, f"native, {attention}")
     if dense.engine:
         return PromptSteps(math.inf, work, engine_ids[dense.engine], dense.min_rows, bf16_products,
-                           f"native, {attention}, quantized products of {dense.min_rows} rows or more in bf16 "
+                           f"native, {attention}, quantized products of {dense.min_rows} rows or more "
                            f"on {dense.engine}")
     # a dequantized tile times torch's GEMM: from that many rows the torch path's the faster
     return PromptSteps(dense.min_rows, work, NO_ENGINE, 0, bf16_products,

@@ -53,34 +53,40 @@ def product(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.
     return out
 
 
-# quant_bf16.h's engines: bit number and name
-BF16_ENGINES = {1: "avx512_bf16", 2: "amx"}
-BF16_ENGINE_IDS = {name: bit for bit, name in BF16_ENGINES.items()}
+# The engines of the many-row products, each unpacking a group of weight rows once into a
+# panel in cache (quant_bf16.h: bf16 products; quant_int8.h: int8 products): bit number and
+# name, in the order `panel_engines` ranks them, slowest first
+PANEL_ENGINES = {1: "avx512_bf16", 3: "avx512_vnni", 2: "amx"}
+PANEL_ENGINE_IDS = {name: bit for bit, name in PANEL_ENGINES.items()}
 
 
-def bf16_engines(lib: ctypes.CDLL) -> list[str]:
-    """The engines that can run bf16 products on quantized weights here, fastest last
-    (the instructions compiled in, and for AMX the OS's leave)."""
-    mask = lib.baton_quant_bf16_engines()
-    return [name for bit, name in sorted(BF16_ENGINES.items()) if mask & 1 << bit]
+def panel_engines(lib: ctypes.CDLL) -> list[str]:
+    """The engines that can run many-row products on quantized weights here, fastest last
+    (the instructions compiled in, and for AMX the OS's leave): AVX512-VNNI's int8 products
+    ran SmolLM2's 1.35-1.45x faster than AVX512-BF16's on a Zen 4 core from 16 rows to 512
+    (bench/quant_products.py); AMX tiles take far more products an instruction than either.
+    Which of them serve is quant/placement.py's choice."""
+    mask = lib.baton_quant_panel_engines()
+    return [name for bit, name in PANEL_ENGINES.items() if mask & 1 << bit]
 
 
-def product_bf16(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int, engine: str = "") -> torch.Tensor:
-    """float32 x [rows, k] @ W^T -> float32 [rows, n]: bf16 products, each group of weight
-    rows dequantized once into cache (quant_bf16.h), on `engine` (default: the fastest)."""
-    if engine and engine not in BF16_ENGINE_IDS:
-        raise ValueError(f"unknown bf16 engine {engine!r}: one of {sorted(BF16_ENGINE_IDS)}")
+def product_panels(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int, engine: str = "") -> torch.Tensor:
+    """float32 x [rows, k] @ W^T -> float32 [rows, n]: each group of weight rows unpacked
+    once into a panel in cache, on `engine`: bf16 products (quant_bf16.h; the default: AMX
+    where allowed, else AVX512-BF16) or int8 ones (`avx512_vnni`, quant_int8.h)."""
+    if engine and engine not in PANEL_ENGINE_IDS:
+        raise ValueError(f"unknown panel engine {engine!r}: one of {sorted(PANEL_ENGINE_IDS)}")
     x = x.to(torch.float32).contiguous()
     rows = x.shape[0]
     out = torch.empty(rows, n, dtype=torch.float32)
     if rows:
-        scratch = torch.empty(lib.baton_quant_bf16_scratch_bytes(rows, m.k), dtype=torch.uint8)
-        status = lib.baton_quant_product_bf16(
+        scratch = torch.empty(lib.baton_quant_panel_scratch_bytes(rows, m.k), dtype=torch.uint8)
+        status = lib.baton_quant_product_panels(
             ctypes.byref(m), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(rows), ctypes.c_void_p(out.data_ptr()),
-            ctypes.c_void_p(scratch.data_ptr()), ctypes.c_int(BF16_ENGINE_IDS.get(engine, 0)))
+            ctypes.c_void_p(scratch.data_ptr()), ctypes.c_int(PANEL_ENGINE_IDS.get(engine, 0)))
         if status != 0:
-            raise RuntimeError(f"bf16 product failed: {engine or 'every engine'} unavailable here"
-                               if status == -1 else "bf16 product failed: out of memory")
+            raise RuntimeError(f"panel product failed: {engine or 'every bf16 engine'} unavailable here"
+                               if status == -1 else "panel product failed: out of memory")
     return out
 
 

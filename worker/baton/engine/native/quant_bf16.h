@@ -162,7 +162,7 @@ static inline void bf16_emit(const float *sums, int rows, int valid, float *out,
  * rows at a time (the zero rows of the last tile too: they cost a few products and keep
  * every row's order of sums the same). valid[g]: group g's real rows (0: no second). */
 static void avx512_groups(const uint16_t *panels[2], const int valid[2], int nb, const uint16_t *in, int rows,
-                          float *out[2], int n) {
+                          float *out[2], int n, const NextGroups *next) {
     const __mmask16 keep[2] = {(__mmask16)((1u << valid[0]) - 1), (__mmask16)((1u << valid[1]) - 1)};
     const uint16_t *second = valid[1] ? panels[1] : panels[0]; /* never an unwritten panel */
     for (int r0 = 0; r0 < rows; r0 += BF16_ROWS) {
@@ -171,6 +171,7 @@ static void avx512_groups(const uint16_t *panels[2], const int valid[2], int nb,
         /* row r0 + r, block b, pair p: 32 bits at a + b * BF16_TILE_VALUES + 32 * r + 2 * p */
         const uint16_t *a = in + (int64_t)(r0 / 16) * nb * BF16_TILE_VALUES + (r0 % 16) * QUANT_BLOCK;
         for (int b = 0; b < nb; b++) {
+            if (r0 == 0) prefetch_next_block(next, b);
             const uint16_t *w0 = panels[0] + (int64_t)b * BF16_TILE_VALUES;
             const uint16_t *w1 = second + (int64_t)b * BF16_TILE_VALUES;
             const uint16_t *ab = a + (int64_t)b * BF16_TILE_VALUES;
@@ -193,17 +194,17 @@ static void avx512_groups(const uint16_t *panels[2], const int valid[2], int nb,
 #include "quant_amx.h"
 
 /* Bit QUANT_BF16_AVX512 | QUANT_BF16_AMX for each engine this library and this process can use. */
-int baton_quant_bf16_engines(void) { return 1 << QUANT_BF16_AVX512 | (amx_permission() ? 1 << QUANT_BF16_AMX : 0); }
+static int bf16_engines(void) { return 1 << QUANT_BF16_AVX512 | (amx_permission() ? 1 << QUANT_BF16_AMX : 0); }
 
-/* Bytes of scratch baton_quant_product_bf16 needs for `rows` input rows of `k` values. */
-int64_t baton_quant_bf16_scratch_bytes(int rows, int k) {
+/* Bytes of scratch bf16_product needs for `rows` input rows of `k` values. */
+static int64_t bf16_scratch_bytes(int rows, int k) {
     return (int64_t)((rows + 15) / 16 * 16) * k * 2 + 64;
 }
 
 /* out[rows, n] = x[rows, k] @ W^T in float32 sums of bf16 products, on `engine`
  * (QUANT_BF16_ANY: AMX where allowed, else AVX512-BF16). Returns 0; -1 (nothing written)
  * where the engine is unavailable; -2 out of memory. Threads take pairs of groups. */
-int baton_quant_product_bf16(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch, int engine) {
+static int bf16_product(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch, int engine) {
     const int amx = engine == QUANT_BF16_AMX || (engine == QUANT_BF16_ANY && amx_permission());
     if ((amx && !amx_permission()) || engine < QUANT_BF16_ANY || engine > QUANT_BF16_AMX) return -1;
     const int k = w->k, nb = k / QUANT_BLOCK, padded = (rows + 15) / 16 * 16;
@@ -232,8 +233,9 @@ int baton_quant_product_bf16(const QuantMatrix *w, const float *x, int rows, flo
                 outs[h] = out + grp.column;
                 bf16_panel(grp.data, &grp.format, nb, (uint16_t *)panels[h]);
             }
+            const NextGroups next = next_groups(w, &l, pi, groups);
             if (amx) amx_groups(panels, valid, nb, in, rows, padded, outs, n);
-            else avx512_groups(panels, valid, nb, in, rows, outs, n);
+            else avx512_groups(panels, valid, nb, in, rows, outs, n, &next);
         }
         if (space && amx) amx_release();
         free(space);
@@ -241,9 +243,9 @@ int baton_quant_product_bf16(const QuantMatrix *w, const float *x, int rows, flo
     return failed ? -2 : 0;
 }
 #else
-int baton_quant_bf16_engines(void) { return 0; }
-int64_t baton_quant_bf16_scratch_bytes(int rows, int k) { return (int64_t)rows * k * 2 + 64; }
-int baton_quant_product_bf16(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch, int engine) {
+static int bf16_engines(void) { return 0; }
+static int64_t bf16_scratch_bytes(int rows, int k) { return (int64_t)rows * k * 2 + 64; }
+static int bf16_product(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch, int engine) {
     (void)w, (void)x, (void)rows, (void)out, (void)scratch, (void)engine;
     return -1;
 }

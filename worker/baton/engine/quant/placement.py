@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -33,11 +34,20 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # at ~8 rows, 1.7x faster at 16, 2-3x at 32-64; AVX512-BF16 on an AMD EPYC (Zen 5,
 # bench/results/quant_products*.json) even at ~15 rows, 1.3x faster at 32, and 1.1-1.3x
 # faster than dequantizing for torch's bf16 GEMM at every row count up to 512 (one and
-# two threads).
-BF16_MIN_ROWS = {"amx": 16, "avx512_bf16": 16}
-# Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS; AMX tiles
-# of 16 rows): a step's rows are best a whole number of them (step_budget.on_row_tiles).
-BF16_ROW_TILE = {"amx": 16, "avx512_bf16": 8}
+# two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core: even
+# with the int16 kernels at ~8 rows, 1.15x faster at 12, and 1.1-1.3x faster than
+# AVX512-BF16's from 8 rows to 256 (bench/results/quant_products.zen4.int8.json).
+PANEL_MIN_ROWS = {"amx": 16, "avx512_bf16": 16, "avx512_vnni": 8}
+# Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
+# quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
+# them (step_budget.on_row_tiles).
+PANEL_ROW_TILE = {"amx": 16, "avx512_bf16": 8, "avx512_vnni": 4}
+# Engines whose products round the inputs to bf16. The int8 one (AVX512-VNNI) rounds them
+# coarser, to int8 per block of 32, and runs only when asked for (BATON_PROMPT_PRODUCTS=int8):
+# SmolLM2 on held-out text then agreed with the float32 path on 96.0% of greedy tokens (mean
+# KL 5.3e-3), 96.2% with float32 attention and cache, against the bf16 engines' 98.9%
+# (bench/results/quant_quality.zen4.int8*.json), below the 97% the default keeps.
+BF16_PANEL_ENGINES = ("avx512_bf16", "amx")
 
 
 def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
@@ -52,32 +62,48 @@ def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[to
     return torch.float32, why
 
 
-ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16"}
+ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx512_vnni": "AVX512-VNNI"}
 
 
 def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
-                   engines: tuple[str, ...] | list[str] = ()) -> tuple[DenseProducts, str]:
+                   engines: tuple[str, ...] | list[str] = (), asked_products: str = "") -> tuple[DenseProducts, str]:
     """How a CPU's many-row products run, and why (see `prompt_dtype`). `engines`: the
-    native library's bf16 engines here, fastest last (native/quant.py's `bf16_engines`);
-    they serve bf16 products only."""
+    native library's panel engines here, fastest last (native/quant.py's `panel_engines`);
+    the bf16 ones serve bf16 products. `asked_products`: BATON_PROMPT_PRODUCTS, "int8" for
+    the int8 engine whatever the dtype (faster, less accurate), else "" or "auto"."""
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
-    if engines and gemm == torch.bfloat16:
-        engine = engines[-1]
-        rows = BF16_MIN_ROWS[engine]
-        return (DenseProducts(gemm, rows, engine=engine),
-                f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product, from {rows} rows: {why}")
+    setting = asked_products.strip().lower()
+    if setting not in ("", "auto", "int8"):
+        raise ValueError(f"BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not {asked_products!r}")
+    if setting == "int8":
+        if "avx512_vnni" not in engines:
+            raise ValueError("BATON_PROMPT_PRODUCTS=int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
+                             f"native library; here the panel engines are {list(engines) or 'none'}")
+        usable, why = ["avx512_vnni"], "BATON_PROMPT_PRODUCTS=int8"
+    elif gemm == torch.bfloat16:
+        usable = [e for e in engines if e in BF16_PANEL_ENGINES]
+    else:
+        usable = []
+    if usable:
+        engine = usable[-1]
+        rows = PANEL_MIN_ROWS[engine]
+        if engine in BF16_PANEL_ENGINES:
+            how = f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product"
+        else:
+            how = f"int8 on {ENGINE_NAMES[engine]}, inputs rounded to int8 per block of 32"
+        return DenseProducts(gemm, rows, engine=engine), f"{how}, from {rows} rows: {why}"
     rows = DENSE_MIN_ROWS[gemm]
     return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
 
 
 def row_tiles(model) -> RowTiles | None:
     """How the model's many-row quantized products take a step's rows, where they run in
-    passes of several rows (the bf16 engines); else None."""
+    passes of several rows (the panel engines); else None."""
     engines = {w.dense.engine for w in quantized_weights(model) if w.dense is not None and w.dense.engine}
     if len(engines) != 1:
         return None
     engine = engines.pop()
-    return RowTiles(BF16_ROW_TILE[engine], BF16_MIN_ROWS[engine])
+    return RowTiles(PANEL_ROW_TILE[engine], PANEL_MIN_ROWS[engine])
 
 
 def quantized_weights(model) -> list[QuantizedWeight]:
@@ -106,13 +132,14 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
         how = "Triton kernel, dequantizing inside the matmul"
     else:
         from baton.engine.native import build
-        from baton.engine.native.quant import bf16_engines, dequantize_kernel_name, kernel_name
+        from baton.engine.native.quant import dequantize_kernel_name, kernel_name, panel_engines
 
         lib = build.load()
         if lib is None:
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
-            dense, dense_why = dense_products(this_cpu(), dtype, asked_dtype, engines=bf16_engines(lib))
+            dense, dense_why = dense_products(this_cpu(), dtype, asked_dtype, engines=panel_engines(lib),
+                                              asked_products=os.environ.get("BATON_PROMPT_PRODUCTS", ""))
             for w in weights:
                 w.use_native(lib, dense)
             name = kernel_name(lib)

@@ -42,8 +42,8 @@ DENSE_TILE_VALUES = 1 << 22  # weight values dequantized at a time for a dense p
 class DenseProducts:
     """Products of at least `min_rows` input rows run as dequantized tiles times a dense
     GEMM in `dtype` (its sums in float32, its output rounded to `dtype`), or with `engine`
-    (native/quant.py's BF16_ENGINES) in bf16, dequantized inside the product (float32 sums
-    and output)."""
+    (native/quant.py's PANEL_ENGINES), each group of weight rows unpacked inside the product
+    (bf16 or int8 products, float32 sums and output)."""
 
     dtype: torch.dtype
     min_rows: int
@@ -177,7 +177,7 @@ class QuantizedWeight(nn.Module):
 
             out = quant_matmul(x, self)
         elif self._matrix is not None and self.dense is not None and x.shape[0] >= self.dense.min_rows:
-            out = self._bf16_linear(x) if self.dense.engine else self._dense_linear(x)
+            out = self._panel_linear(x) if self.dense.engine else self._dense_linear(x)
         elif self._matrix is not None:
             from baton.engine.native import quant as native_quant
 
@@ -196,10 +196,10 @@ class QuantizedWeight(nn.Module):
             out[:, first : first + count] = x @ self.dequantize(first, count).to(x.dtype).t()
         return out
 
-    def _bf16_linear(self, x: torch.Tensor) -> torch.Tensor:
+    def _panel_linear(self, x: torch.Tensor) -> torch.Tensor:
         from baton.engine.native import quant as native_quant
 
-        return native_quant.product_bf16(self._lib, self._matrix, x, self.shape[0], self.dense.engine)
+        return native_quant.product_panels(self._lib, self._matrix, x, self.shape[0], self.dense.engine)
 
     def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W^T in float32 through the dense GEMM, a few million weight values at a time
