@@ -9,6 +9,8 @@ are compared too (how many tokens match before the first difference). Target: ag
 >= 97% of tokens.
 
     python bench/quant_quality.py     # the quantized path at auto (the default), float32, bfloat16
+    python bench/quant_quality.py --dtypes auto --hide-flags avx512_bf16,amx_bf16
+                                      # auto as on this CPU without its bf16 instructions
 """
 
 from __future__ import annotations
@@ -76,6 +78,29 @@ def compare(reference, quantized, texts: dict[str, list[int]], generate_tokens: 
             "meets_target": agreement >= TARGET_AGREEMENT, "per_text": per_text}
 
 
+def hide_cpu_flags(names: list[str]) -> None:
+    """Make the engine's CPU detection (cpu_features.this_cpu) miss `names`, as on a CPU of
+    this kind without them: every choice made from the flags follows. The instructions stay
+    compiled into the native library; only what the engine chooses changes."""
+    from baton.engine import cpu_features
+
+    real = cpu_features.Path
+
+    class Filtered:
+        def __init__(self, path):
+            self.path = real(path)
+
+        def read_text(self):
+            lines = self.path.read_text().splitlines()
+            return "\n".join(" ".join(w for w in line.split(" ") if w not in names) if line.startswith("flags")
+                             else line for line in lines)
+
+    cpu_features.Path = Filtered
+    cpu_features.this_cpu.cache_clear()
+    left = cpu_features.this_cpu().flags
+    assert not left & set(names), f"{sorted(left & set(names))} still seen"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="auto,float32,bfloat16",
@@ -83,8 +108,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--window", type=int, default=512, help="tokens per licence window")
     parser.add_argument("--generate-tokens", type=int, default=48)
+    parser.add_argument("--hide-flags", default="",
+                        help="comma-separated CPU flags the engine is not to see (e.g. avx512_bf16,amx_bf16)")
     parser.add_argument("--out", default="bench/results/quant_quality.json")
     args = parser.parse_args()
+    hidden = [f for f in args.hide_flags.split(",") if f]
+    if hidden:
+        hide_cpu_flags(hidden)
     from baton.engine import Engine
 
     torch.set_num_threads(args.threads)
@@ -93,7 +123,8 @@ def main() -> None:
     texts = passages(reference.tokenizer, args.window)
     results = {"bench": "quant_quality", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "machine": machine_record(args.threads), "reference": "quantization=none, float32",
-               "target_agreement": TARGET_AGREEMENT, "sources": sorted(texts), "quantized": {}}
+               "target_agreement": TARGET_AGREEMENT, "sources": sorted(texts), "hidden_cpu_flags": hidden,
+               "quantized": {}}
     for dtype in args.dtypes.split(","):
         quantized = Engine(dtype=dtype, quantization="auto", **settings)
         print(f"quantization=auto, {dtype} ({quantized.runner.quantization}):", flush=True)
