@@ -40,7 +40,7 @@ static void int8_inputs(const float *x, int rows, int padded, int k, int8_t *q, 
             const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
             const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
             const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-            /* round half to even (the default rounding), saturated to +-127 by the pack */
+            /* round half to even (the default rounding), clamped to +-127 */
             const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse)));
             const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse)));
             const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
