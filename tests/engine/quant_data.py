@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from baton.engine.quant.formats import BLOCK, BlockFormat
+from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat
+from baton.engine.quant.weight import QuantizedTensor, QuantizedWeight
 
 
 def random_rows(fmt: BlockFormat, rows: int, k: int, seed: int = 0) -> np.ndarray:
@@ -19,3 +21,16 @@ def random_rows(fmt: BlockFormat, rows: int, k: int, seed: int = 0) -> np.ndarra
         m = (rng.standard_normal((rows, nb)) * 0.1).astype(np.float16)
         blocks[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
     return blocks.reshape(rows, -1)
+
+
+def native_weight(lib, parts: list[tuple[str, np.ndarray]]) -> QuantizedWeight:
+    """A weight of (format name, GGUF rows) parts stacked on the output axis, on the native
+    library. Hold it while its `native_matrix` is in use: the matrix points into it."""
+    w = QuantizedWeight([QuantizedTensor(FORMATS[name], raw, raw.shape[1] // FORMATS[name].block_bytes * BLOCK)
+                         for name, raw in parts])
+    w.use_native(lib)
+    return w
+
+
+def random_inputs(rows: int, k: int, seed: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32))

@@ -15,29 +15,33 @@ from baton.engine.cpu_features import this_cpu
 from baton.engine.native import build
 from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import FORMATS
-from baton.engine.quant.weight import DenseProducts, QuantizedTensor, QuantizedWeight
+from baton.engine.quant.weight import DenseProducts, QuantizedWeight
 
-from .quant_data import random_rows
+from .quant_data import native_weight, random_inputs, random_rows
 
 
-@pytest.fixture(params=["avx512_bf16", "amx"])
-def engine(request, lib):
-    name = request.param
+def _engine_here(lib, name: str) -> str:
+    """`name` where this library and OS run it, else the test is skipped naming why."""
     if name not in native_quant.panel_engines(lib):
         flags = this_cpu().flags
         if name == "amx":
             why = "the OS refused AMX state" if {"amx_tile", "amx_bf16"} <= flags else "this CPU has no AMX (amx_bf16)"
         else:
-            why = "this CPU has no AVX512-BF16 (avx512_bf16)"
+            flag = name.removeprefix("avx512_")
+            why = f"this CPU or its library has no AVX512-{flag.upper()} (avx512_{flag})"
         pytest.skip(f"no {name} products here: {why}")
     return name
 
 
-def _weight(lib, parts) -> QuantizedWeight:
-    w = QuantizedWeight([QuantizedTensor(FORMATS[name], raw, raw.shape[1] // FORMATS[name].block_bytes * 32)
-                         for name, raw in parts])
-    w.use_native(lib)
-    return w
+@pytest.fixture(params=["avx512_bf16", "amx"])
+def engine(request, lib):
+    return _engine_here(lib, request.param)
+
+
+@pytest.fixture(params=["avx512_bf16", "amx", "avx512_vnni"])
+def any_engine(request, lib):
+    """Every panel engine, the int8 one (quant_int8.h, test_quant_int8.py) included."""
+    return _engine_here(lib, request.param)
 
 
 def _bf16_reference(lib, w: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
@@ -46,15 +50,11 @@ def _bf16_reference(lib, w: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
     return (x.bfloat16().double() @ tiles.double().t()).float()
 
 
-def _inputs(rows: int, k: int, seed: int) -> torch.Tensor:
-    return torch.from_numpy(np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32))
-
-
 @pytest.mark.parametrize("name", list(FORMATS))
 @pytest.mark.parametrize("rows", [1, 15, 16, 17, 40])  # partial and whole tiles of 16, one or two at once
 def test_product_matches_the_bf16_dense_values(lib, engine, name, rows):
-    w = _weight(lib, [(name, random_rows(FORMATS[name], 37, 96, seed=rows))])  # 3 groups, the last partial
-    x = _inputs(rows, 96, seed=rows)
+    w = native_weight(lib, [(name, random_rows(FORMATS[name], 37, 96, seed=rows))])  # 3 groups, the last partial
+    x = random_inputs(rows, 96, seed=rows)
     got = native_quant.product_panels(lib, w.native_matrix, x, 37, engine)
     expected = _bf16_reference(lib, w, x)
     assert got.dtype == torch.float32 and got.shape == (rows, 37)
@@ -65,19 +65,19 @@ def test_product_matches_the_bf16_dense_values(lib, engine, name, rows):
 def test_a_matrix_of_parts_in_three_formats(lib, engine):
     parts = [("Q4_0", random_rows(FORMATS["Q4_0"], 20, 64, 1)), ("Q8_0", random_rows(FORMATS["Q8_0"], 33, 64, 2)),
              ("Q4_1", random_rows(FORMATS["Q4_1"], 16, 64, 3))]
-    w = _weight(lib, parts)
-    x = _inputs(21, 64, seed=4)
+    w = native_weight(lib, parts)
+    x = random_inputs(21, 64, seed=4)
     expected = _bf16_reference(lib, w, x)
     torch.testing.assert_close(native_quant.product_panels(lib, w.native_matrix, x, 69, engine), expected,
                                rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-def test_a_rows_result_does_not_depend_on_its_batch(lib, engine):
-    w = _weight(lib, [("Q4_1", random_rows(FORMATS["Q4_1"], 48, 128, seed=5))])
-    x = _inputs(35, 128, seed=6)
-    together = native_quant.product_panels(lib, w.native_matrix, x, 48, engine)
-    for row in (0, 7, 8, 16, 34):
-        alone = native_quant.product_panels(lib, w.native_matrix, x[row : row + 1], 48, engine)
+def test_a_rows_result_does_not_depend_on_its_batch(lib, any_engine):
+    w = native_weight(lib, [("Q4_1", random_rows(FORMATS["Q4_1"], 48, 128, seed=5))])
+    x = random_inputs(35, 128, seed=6)
+    together = native_quant.product_panels(lib, w.native_matrix, x, 48, any_engine)
+    for row in (0, 3, 4, 7, 8, 16, 34):  # across passes of 4 (int8), 8 (AVX512-BF16), 16 (AMX) rows
+        alone = native_quant.product_panels(lib, w.native_matrix, x[row : row + 1], 48, any_engine)
         assert torch.equal(alone[0], together[row])
 
 
@@ -100,16 +100,16 @@ def test_the_panels_hold_the_dense_paths_bits(lib, engine, name):
         m = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
         inexact = (m - 16 * d).astype(np.float64) != m.astype(np.float64) - 16 * d.astype(np.float64)
         assert 10 < inexact.sum() < inexact.size  # both paths run
-    w = _weight(lib, [(name, raw)])
+    w = native_weight(lib, [(name, raw)])
     dense = native_quant.dequantize(lib, w.native_matrix, 0, 37, dtype=torch.bfloat16).float()
     got = native_quant.product_panels(lib, w.native_matrix, torch.eye(96), 37, engine)
     assert torch.equal(got, dense.t())
 
 
 def test_the_weight_sends_many_rows_to_its_engine_and_few_to_the_int16_kernels(lib, engine, monkeypatch):
-    w = _weight(lib, [("Q8_0", random_rows(FORMATS["Q8_0"], 24, 64, seed=7))])
+    w = native_weight(lib, [("Q8_0", random_rows(FORMATS["Q8_0"], 24, 64, seed=7))])
     w.dense = DenseProducts(torch.bfloat16, min_rows=4, engine=engine)
-    x = _inputs(4, 64, seed=8)
+    x = random_inputs(4, 64, seed=8)
     expected = _bf16_reference(lib, w, x)
     int16 = []
     monkeypatch.setattr(native_quant, "product", lambda *a: int16.append(a) or torch.zeros(a[2].shape[0], a[3]))
@@ -127,9 +127,9 @@ def test_a_library_built_without_bf16_instructions_says_so_and_refuses():
     flags = ["-march=x86-64-v4" if flag == "-march=native" else flag for flag in build.FLAGS]
     lib = build.open_library(build.build_library(build.cache_dir(), flags))
     assert native_quant.panel_engines(lib) == []  # x86-64-v4 has neither AVX512-BF16 nor AVX512-VNNI
-    w = _weight(lib, [("Q4_0", random_rows(FORMATS["Q4_0"], 16, 64, seed=9))])
+    w = native_weight(lib, [("Q4_0", random_rows(FORMATS["Q4_0"], 16, 64, seed=9))])
     for engine in ("", "amx", "avx512_bf16", "avx512_vnni"):
         with pytest.raises(RuntimeError, match=f"{engine or 'every bf16 engine'} unavailable here"):
-            native_quant.product_panels(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, engine)
+            native_quant.product_panels(lib, w.native_matrix, random_inputs(2, 64, seed=9), 16, engine)
     with pytest.raises(ValueError, match="unknown panel engine 'avx2'"):
-        native_quant.product_panels(lib, w.native_matrix, _inputs(2, 64, seed=9), 16, "avx2")
+        native_quant.product_panels(lib, w.native_matrix, random_inputs(2, 64, seed=9), 16, "avx2")

@@ -225,17 +225,12 @@ static int bf16_product(const QuantMatrix *w, const float *x, int rows, float *o
         for (int pi = 0; pi < (groups + 1) / 2; pi++) {
             if (!space) continue;
             const uint16_t *panels[2] = {space, space + (int64_t)nb * BF16_TILE_VALUES};
-            int valid[2] = {0, 0};
-            float *outs[2] = {out, out};
-            for (int h = 0; h < 2 && 2 * pi + h < groups; h++) {
-                const QuantGroup grp = quant_group(w, &l, 2 * pi + h);
-                valid[h] = grp.valid;
-                outs[h] = out + grp.column;
-                bf16_panel(grp.data, &grp.format, nb, (uint16_t *)panels[h]);
-            }
+            GroupPair pair = group_pair(w, &l, pi, groups, out);
+            for (int h = 0; h < pair.count; h++)
+                bf16_panel(pair.group[h].data, &pair.group[h].format, nb, (uint16_t *)panels[h]);
             const NextGroups next = next_groups(w, &l, pi, groups);
-            if (amx) amx_groups(panels, valid, nb, in, rows, padded, outs, n);
-            else avx512_groups(panels, valid, nb, in, rows, outs, n, &next);
+            if (amx) amx_groups(panels, pair.valid, nb, in, rows, padded, pair.out, n);
+            else avx512_groups(panels, pair.valid, nb, in, rows, pair.out, n, &next);
         }
         if (space && amx) amx_release();
         free(space);

@@ -148,16 +148,11 @@ static int int8_product(const QuantMatrix *w, const float *x, int rows, float *o
         for (int pi = 0; pi < (groups + 1) / 2; pi++) {
             if (!space) continue;
             const uint8_t *panels[2] = {space, space + (int64_t)nb * INT8_PANEL_BLOCK};
-            int valid[2] = {0, 0};
-            float *outs[2] = {out, out};
-            for (int h = 0; h < 2 && 2 * pi + h < groups; h++) {
-                const QuantGroup grp = quant_group(w, &l, 2 * pi + h);
-                valid[h] = grp.valid;
-                outs[h] = out + grp.column;
-                int8_panel(grp.data, &grp.format, nb, (uint8_t *)panels[h]);
-            }
+            GroupPair pair = group_pair(w, &l, pi, groups, out);
+            for (int h = 0; h < pair.count; h++)
+                int8_panel(pair.group[h].data, &pair.group[h].format, nb, (uint8_t *)panels[h]);
             const NextGroups next = next_groups(w, &l, pi, groups);
-            int8_groups(panels, valid, nb, q, d, dsum, rows, k, outs, n, &next);
+            int8_groups(panels, pair.valid, nb, q, d, dsum, rows, k, pair.out, n, &next);
         }
         free(space);
     }

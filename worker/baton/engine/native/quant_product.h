@@ -121,8 +121,27 @@ static inline QuantGroup quant_group(const QuantMatrix *w, const QuantLayout *l,
                         left < QUANT_ROWS ? left : QUANT_ROWS, l->first_row[p] + g * QUANT_ROWS};
 }
 
-/* The pair of groups a thread of the panel products (quant_bf16.h, quant_int8.h) unpacks
- * after pair `pair`: its blocks, and their bytes a block (NULL, 0: none). */
+/* Pair `pair` of a matrix's groups, as the panel products (quant_bf16.h, quant_int8.h) take
+ * them: `count` groups (1 for a last odd one), each one's real rows (0: none) and where its
+ * output columns start in `out` (out itself for none). */
+typedef struct {
+    QuantGroup group[2];
+    int count, valid[2];
+    float *out[2];
+} GroupPair;
+
+static inline GroupPair group_pair(const QuantMatrix *w, const QuantLayout *l, int pair, int groups, float *out) {
+    GroupPair p = {.count = 0, .valid = {0, 0}, .out = {out, out}};
+    for (int h = 0; h < 2 && 2 * pair + h < groups; h++, p.count++) {
+        p.group[h] = quant_group(w, l, 2 * pair + h);
+        p.valid[h] = p.group[h].valid;
+        p.out[h] = out + p.group[h].column;
+    }
+    return p;
+}
+
+/* The pair of groups a thread of the panel products unpacks after pair `pair`: its blocks,
+ * and their bytes a block (NULL, 0: none). */
 typedef struct {
     const uint8_t *data[2];
     int step[2];
