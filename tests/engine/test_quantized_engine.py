@@ -16,14 +16,21 @@ from baton.engine.loader import bundled_model_path
 from baton.engine.native import build
 from baton.engine.native import prompt_attention as native_attention
 from baton.engine.native import quant as native_quant
-from baton.engine.quant.formats import UnsupportedQuantization
-from baton.engine.quant.placement import ENGINE_NAMES, PANEL_ROW_TILE, dense_products, prompt_dtype
-from baton.engine.quant.weight import QuantizedWeight
+from baton.engine.quant.formats import FORMATS, UnsupportedQuantization
+from baton.engine.quant.placement import (
+    ENGINE_NAMES,
+    PANEL_ROW_TILE,
+    dense_products,
+    place_quantized,
+    prompt_dtype,
+)
+from baton.engine.quant.weight import QuantizedTensor, QuantizedWeight
 from baton.engine.scoring import prompt_logits
 from baton.engine.step_budget import RowTiles
 
 from .conftest import PROMPTS, make_engine
 from .gguf_rewrite import rewrite_gguf
+from .quant_data import random_rows
 from .test_native_decode import _compare_each_decode_step
 
 # held out: no prompt of the tests or benchmarks, and prose rather than code
@@ -230,3 +237,18 @@ def test_a_misspelt_prompt_products_setting_fails_at_start_naming_it(small_files
     monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int4")
     with pytest.raises(ValueError, match="BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not 'int4'"):
         make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)
+
+
+@pytest.mark.parametrize("device, library, message", [
+    ("cuda", True, "on a GPU the Triton kernel runs every product: unset it"),
+    ("cpu", False, "needs the native library, which is unavailable: no compiler"),
+])
+def test_int8_prompt_products_asked_where_nothing_runs_them_fail_naming_why(monkeypatch, device, library, message):
+    monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int8")
+    if not library:
+        monkeypatch.setattr(build, "load", lambda: None)
+        monkeypatch.setattr(build, "failure", lambda: "no compiler")
+    fmt = FORMATS["Q4_0"]
+    model = torch.nn.Sequential(QuantizedWeight([QuantizedTensor(fmt, random_rows(fmt, 16, 64), 64)]))
+    with pytest.raises(ValueError, match=message):
+        place_quantized(model, torch.device(device), "auto")

@@ -34,9 +34,10 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # at ~8 rows, 1.7x faster at 16, 2-3x at 32-64; AVX512-BF16 on an AMD EPYC (Zen 5,
 # bench/results/quant_products*.json) even at ~15 rows, 1.3x faster at 32, and 1.1-1.3x
 # faster than dequantizing for torch's bf16 GEMM at every row count up to 512 (one and
-# two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core: even
-# with the int16 kernels at ~8 rows, 1.15x faster at 12, and 1.1-1.3x faster than
-# AVX512-BF16's from 8 rows to 256 (bench/results/quant_products.zen4.int8.json).
+# two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core: 12.4 ms at
+# 8 rows against the int16 kernels' 15.0 (even with them at ~8 in other runs), and
+# 1.35-1.45x faster than AVX512-BF16's from 16 rows to 512
+# (bench/results/quant_products.zen4.int8.json).
 PANEL_MIN_ROWS = {"amx": 16, "avx512_bf16": 16, "avx512_vnni": 8}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
@@ -65,6 +66,14 @@ def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[to
 ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx512_vnni": "AVX512-VNNI"}
 
 
+def prompt_products_setting(value: str) -> str:
+    """BATON_PROMPT_PRODUCTS as "auto" or "int8", or a clear error naming what was given."""
+    setting = value.strip().lower() or "auto"
+    if setting not in ("auto", "int8"):
+        raise ValueError(f"BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not {value!r}")
+    return setting
+
+
 def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
                    engines: tuple[str, ...] | list[str] = (), asked_products: str = "") -> tuple[DenseProducts, str]:
     """How a CPU's many-row products run, and why (see `prompt_dtype`). `engines`: the
@@ -72,10 +81,7 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
     the bf16 ones serve bf16 products. `asked_products`: BATON_PROMPT_PRODUCTS, "int8" for
     the int8 engine whatever the dtype (faster, less accurate), else "" or "auto"."""
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
-    setting = asked_products.strip().lower()
-    if setting not in ("", "auto", "int8"):
-        raise ValueError(f"BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not {asked_products!r}")
-    if setting == "int8":
+    if prompt_products_setting(asked_products) == "int8":
         if "avx512_vnni" not in engines:
             raise ValueError("BATON_PROMPT_PRODUCTS=int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
                              f"native library; here the panel engines are {list(engines) or 'none'}")
@@ -128,6 +134,10 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
         formats[w.describe()] = formats.get(w.describe(), 0) + 1
     held = ", ".join(f"{count} x {name}" for name, count in sorted(formats.items()))
     megabytes = sum(w.nbytes for w in weights) / 2**20
+    asked_products = os.environ.get("BATON_PROMPT_PRODUCTS", "")
+    if prompt_products_setting(asked_products) == "int8" and device.type == "cuda":
+        raise ValueError("BATON_PROMPT_PRODUCTS=int8 asks for the CPU's AVX512-VNNI products; on a GPU the "
+                         "Triton kernel runs every product: unset it")
     if device.type == "cuda":
         how = "Triton kernel, dequantizing inside the matmul"
     else:
@@ -136,10 +146,13 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
 
         lib = build.load()
         if lib is None:
+            if prompt_products_setting(asked_products) == "int8":
+                raise ValueError("BATON_PROMPT_PRODUCTS=int8 needs the native library, which is unavailable: "
+                                 f"{build.failure()}")
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
             dense, dense_why = dense_products(this_cpu(), dtype, asked_dtype, engines=panel_engines(lib),
-                                              asked_products=os.environ.get("BATON_PROMPT_PRODUCTS", ""))
+                                              asked_products=asked_products)
             for w in weights:
                 w.use_native(lib, dense)
             name = kernel_name(lib)
