@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from baton.engine.cpu_features import this_cpu
+from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat
 from baton.engine.quant.weight import QuantizedTensor, QuantizedWeight
 
@@ -34,3 +37,16 @@ def native_weight(lib, parts: list[tuple[str, np.ndarray]]) -> QuantizedWeight:
 
 def random_inputs(rows: int, k: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32))
+
+
+def engine_here(lib, name: str) -> str:
+    """`name` where this library and OS run it, else the test is skipped naming why."""
+    if name not in native_quant.panel_engines(lib):
+        flags = this_cpu().flags
+        if name == "amx":
+            why = "the OS refused AMX state" if {"amx_tile", "amx_bf16"} <= flags else "this CPU has no AMX (amx_bf16)"
+        else:
+            flag = name.removeprefix("avx512_")
+            why = f"this CPU or its library has no AVX512-{flag.upper()} (avx512_{flag})"
+        pytest.skip(f"no {name} products here: {why}")
+    return name

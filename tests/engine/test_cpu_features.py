@@ -147,9 +147,14 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
 @pytest.mark.parametrize("text, engines, dtype, asked, products, engine", [
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "auto", "", "amx"),  # auto: the fastest
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.bfloat16, "bfloat16", "auto", "amx"),
-    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_bf16"),  # the OS refused AMX
-    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_bf16"),  # int8 only when asked
-    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "auto", "", ""),  # no bf16 in hardware: float32 GEMM
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_vnni"),  # the OS refused AMX
+    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_vnni"),  # no AMX: int8
+    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "bf16", "avx512_bf16"),  # bf16 asked for
+    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.bfloat16, "bfloat16", "", "avx512_bf16"),  # a bf16 engine asked
+    (ZEN4, ["avx512_bf16"], torch.float32, "auto", "", "avx512_bf16"),  # a library built without VNNI
+    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "auto", "", "avx512_vnni"),  # no bf16 in hardware: int8
+    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", "", ""),  # float32 asked: float32 GEMM
+    (CASCADE_LAKE, [], torch.float32, "auto", "", ""),
     (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "int8", "avx512_vnni"),
     (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", " INT8 ", "avx512_vnni"),  # asked: whatever the dtype
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "float32", "", ""),  # float32 asked: none
@@ -170,7 +175,8 @@ def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside
 @pytest.mark.parametrize("engines, products, message", [
     (["avx512_bf16"], "int8", r"needs AVX512-VNNI \(avx512_vnni\).*panel engines are \['avx512_bf16'\]"),
     ([], "int8", "panel engines are none"),
-    (["avx512_bf16", "avx512_vnni"], "int4", "BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not 'int4'"),
+    (["avx512_vnni"], "bf16", r"bf16 needs AVX512-BF16 or AMX.*panel engines are \['avx512_vnni'\]"),
+    (["avx512_bf16", "avx512_vnni"], "int4", "BATON_PROMPT_PRODUCTS is one of auto, int8, bf16, not 'int4'"),
 ])
 def test_int8_products_asked_where_they_cannot_run_or_misspelt_name_the_problem(engines, products, message):
     with pytest.raises(ValueError, match=message):

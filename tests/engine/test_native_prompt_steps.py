@@ -11,6 +11,7 @@ import torch
 
 from baton.engine import SamplingParams
 from baton.engine.native import build, prompt_steps
+from baton.engine.native.quant import PANEL_ENGINE_IDS
 from baton.engine.quant.weight import DenseProducts
 from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
@@ -123,6 +124,11 @@ def test_fp32_mixed_step_over_a_bf16_cache_is_as_close_as_the_decode_step():
 ])
 def test_mixed_step_in_other_precisions_stays_near_the_torch_path(settings, logits_mean, kv_mean):
     engine = make_engine(num_kv_blocks=128, **settings)
+    if engine.runner.native.prompts.quant_engine == PANEL_ENGINE_IDS["avx512_vnni"]:
+        # int8 products (`auto` where no AMX tiles are): the attentions' bf16 difference moves
+        # some inputs across an int8 step of their block (seen on a Xeon: logits 0.047 apart
+        # on average, at most 0.34; K/V 1.0e-2 and 0.20)
+        logits_mean, kv_mean = max(logits_mean, 0.1), max(kv_mean, 2.5e-2)
     native_logits, torch_logits, native_kv, torch_kv = _both_paths(engine)
     agree = native_logits.argmax(-1).eq(torch_logits.argmax(-1)).sum()
     assert agree >= (4 if engine.dtype == torch.float32 else 3)

@@ -17,31 +17,18 @@ from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import FORMATS
 from baton.engine.quant.weight import DenseProducts, QuantizedWeight
 
-from .quant_data import native_weight, random_inputs, random_rows
-
-
-def _engine_here(lib, name: str) -> str:
-    """`name` where this library and OS run it, else the test is skipped naming why."""
-    if name not in native_quant.panel_engines(lib):
-        flags = this_cpu().flags
-        if name == "amx":
-            why = "the OS refused AMX state" if {"amx_tile", "amx_bf16"} <= flags else "this CPU has no AMX (amx_bf16)"
-        else:
-            flag = name.removeprefix("avx512_")
-            why = f"this CPU or its library has no AVX512-{flag.upper()} (avx512_{flag})"
-        pytest.skip(f"no {name} products here: {why}")
-    return name
+from .quant_data import engine_here, native_weight, random_inputs, random_rows
 
 
 @pytest.fixture(params=["avx512_bf16", "amx"])
 def engine(request, lib):
-    return _engine_here(lib, request.param)
+    return engine_here(lib, request.param)
 
 
 @pytest.fixture(params=["avx512_bf16", "amx", "avx512_vnni"])
 def any_engine(request, lib):
     """Every panel engine, the int8 one (quant_int8.h, test_quant_int8.py) included."""
-    return _engine_here(lib, request.param)
+    return engine_here(lib, request.param)
 
 
 def _bf16_reference(lib, w: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:

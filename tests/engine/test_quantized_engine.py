@@ -235,7 +235,7 @@ def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(smal
 
 def test_a_misspelt_prompt_products_setting_fails_at_start_naming_it(small_files, lib, monkeypatch):
     monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int4")
-    with pytest.raises(ValueError, match="BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not 'int4'"):
+    with pytest.raises(ValueError, match="BATON_PROMPT_PRODUCTS is one of auto, int8, bf16, not 'int4'"):
         make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)
 
 

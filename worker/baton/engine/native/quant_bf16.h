@@ -228,9 +228,15 @@ static int bf16_product(const QuantMatrix *w, const float *x, int rows, float *o
             GroupPair pair = group_pair(w, &l, pi, groups, out);
             for (int h = 0; h < pair.count; h++)
                 bf16_panel(pair.group[h].data, &pair.group[h].format, nb, (uint16_t *)panels[h]);
-            const NextGroups next = next_groups(w, &l, pi, groups);
-            if (amx) amx_groups(panels, pair.valid, nb, in, rows, padded, pair.out, n);
-            else avx512_groups(panels, pair.valid, nb, in, rows, pair.out, n, &next);
+            /* AMX takes no prefetch of the next pair: tried on a Xeon, its products went from
+             * 15.5-17.5 to 18.2-19.3 ms at 1-16 rows and were even from 32 rows on
+             * (bench/results/quant_products.xeon.amx_*.json) */
+            if (amx) {
+                amx_groups(panels, pair.valid, nb, in, rows, padded, pair.out, n);
+            } else {
+                const NextGroups next = next_groups(w, &l, pi, groups);
+                avx512_groups(panels, pair.valid, nb, in, rows, pair.out, n, &next);
+            }
         }
         if (space && amx) amx_release();
         free(space);

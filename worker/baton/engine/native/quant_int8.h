@@ -10,36 +10,83 @@
  *
  *     sum_j w_j x_j = d_w d_x sum_j q_j x'_j + c d_x sum_j x'_j,   c = m (Q4_1), else -offset d_w
  *
+ * A transformer's activations carry a few values far larger than the rest, and one in a
+ * block leaves its 31 neighbours a step of max|x| / 127: most of int8's error on SmolLM2.
+ * So each row's INT8_OUTLIERS largest values are taken out before rounding and multiplied
+ * in float with their weights from the panel (w = d_w u + c) after the blocks.
+ *
  * A group of 16 weight rows is unpacked once per product into a byte panel that stays in
  * L1/L2 (8 chunks of 64 bytes a block: chunk j holds values 4j..4j+3 of each row, one row
  * per 32-bit lane, then the block's 16 d_w and 16 c in float32), and every input row meets
- * it. The integer sums are exact; each row's float sums run in the same order whatever the
- * other rows of the product: results do not depend on the batch. Rounding the inputs to
- * int8 costs accuracy the bf16 engines keep (bench/quant_quality.py measures it), so this
- * engine runs only when asked for (quant/placement.py, BATON_PROMPT_PRODUCTS=int8).
- * Included by quant_product.h.
+ * it. The integer sums are exact; each row's float sums, outliers chosen from the row alone,
+ * run in the same order whatever the other rows of the product: results do not depend on
+ * the batch. Rounding the inputs to int8 still costs some of the accuracy the bf16 engines
+ * keep (bench/quant_quality.py measures it); quant/placement.py runs this engine where no
+ * AMX tiles are, or when asked for (BATON_PROMPT_PRODUCTS=int8). Included by quant_product.h.
  */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANT_INT8 1
 #define INT8_ROWS 4            /* input rows one pass holds: 2 groups x 4 rows, int and float sums */
 #define INT8_PANEL_BLOCK 640   /* bytes of one block in a panel: 8 x 64 quants, 16 d_w, 16 c */
+#define INT8_OUTLIERS 4        /* each input row's largest values, multiplied in float */
 
-/* x[rows, k] float32 -> int8 rows [padded, k], per block d_x and d_x * sum(x'); rows past
- * `rows` zero. */
-static void int8_inputs(const float *x, int rows, int padded, int k, int8_t *q, float *d, float *dsum) {
+typedef struct { /* a value taken out of an input row, and where its weights lie in a panel */
+    int32_t block;  /* bytes to its block */
+    int32_t chunk;  /* bytes to the chunk of 64 holding its weights, one a 32-bit lane */
+    int32_t byte;   /* which byte of the lane */
+    float value;
+} Int8Outlier;
+
+typedef struct { /* the input rows as int8_inputs leaves them, padded to whole passes */
+    int8_t *q;             /* [padded, k] */
+    float *d, *dsum;       /* [padded, nb]: d_x, d_x * sum(x') */
+    Int8Outlier *outliers; /* [padded, INT8_OUTLIERS] */
+} Int8Inputs;
+
+static inline float int8_block_max(const float *v) {
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v)), _mm512_abs_ps(_mm512_loadu_ps(v + 16))));
+}
+
+/* Moves row[k]'s INT8_OUTLIERS largest |values| (the first of equals first) into `taken`,
+ * leaving zeros in their place (a zero row gives zeros at 0), and leaves each block's
+ * max |value| of the rest in amax[nb]. */
+static void int8_take_outliers(float *row, int k, Int8Outlier *taken, float *amax) {
+    const int nb = k / QUANT_BLOCK;
+    for (int b = 0; b < nb; b++) amax[b] = int8_block_max(row + b * QUANT_BLOCK);
+    for (int o = 0; o < INT8_OUTLIERS; o++) {
+        int top = 0;
+        for (int b = 1; b < nb; b++) top = amax[b] > amax[top] ? b : top;
+        float *v = row + top * QUANT_BLOCK;
+        const __m512 largest = _mm512_set1_ps(amax[top]);
+        const uint32_t hits = (uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(v)), largest, _CMP_EQ_OQ) |
+                              (uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(v + 16)), largest, _CMP_EQ_OQ) << 16;
+        const int within = hits ? __builtin_ctz(hits) : 0, block = top * INT8_PANEL_BLOCK;
+        taken[o] = (Int8Outlier){block, block + 64 * (within / 4), within % 4, v[within]};
+        v[within] = 0.0f;
+        amax[top] = int8_block_max(v);
+    }
+}
+
+/* x[rows, k] float32 -> each row's outliers (int8_take_outliers) and the rest as int8 rows
+ * [padded, k], per block d_x and d_x * sum(x'); rows past `rows` zero. `rest`: k floats,
+ * `amax`: k / 32. */
+static void int8_inputs(const float *x, int rows, int padded, int k, float *rest, float *amax, Int8Inputs *in) {
     const int nb = k / QUANT_BLOCK;
     for (int64_t r = 0; r < padded; r++) {
+        Int8Outlier *taken = in->outliers + r * INT8_OUTLIERS;
+        if (r >= rows) {
+            memset(in->q + r * k, 0, (size_t)k);
+            for (int b = 0; b < nb; b++) in->d[r * nb + b] = in->dsum[r * nb + b] = 0.0f;
+            for (int o = 0; o < INT8_OUTLIERS; o++) taken[o] = (Int8Outlier){0, 0, 0, 0.0f};
+            continue;
+        }
+        memcpy(rest, x + r * k, sizeof(float) * k);
+        int8_take_outliers(rest, k, taken, amax);
         for (int b = 0; b < nb; b++) {
-            int8_t *o = q + r * k + b * QUANT_BLOCK;
-            if (r >= rows) {
-                memset(o, 0, QUANT_BLOCK);
-                d[r * nb + b] = dsum[r * nb + b] = 0.0f;
-                continue;
-            }
-            const float *v = x + r * k + b * QUANT_BLOCK;
+            int8_t *o = in->q + r * k + b * QUANT_BLOCK;
+            const float *v = rest + b * QUANT_BLOCK;
             const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-            const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            const float scale = amax[b] / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
             /* round half to even (the default rounding), clamped to +-127 */
             const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse)));
             const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse)));
@@ -48,8 +95,8 @@ static void int8_inputs(const float *x, int rows, int padded, int k, int8_t *q, 
             const __m512i c1 = _mm512_max_epi32(_mm512_min_epi32(i1, top), bottom);
             _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(c0));
             _mm_storeu_si128((__m128i *)(o + 16), _mm512_cvtepi32_epi8(c1));
-            d[r * nb + b] = scale;
-            dsum[r * nb + b] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+            in->d[r * nb + b] = scale;
+            in->dsum[r * nb + b] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
         }
     }
 }
@@ -80,19 +127,34 @@ static void int8_panel(const uint8_t *group, const QuantFormat *f, int nb, uint8
     }
 }
 
+/* An outlier's 16 weights in a group's panel as floats, w = d_w u + c (Q4: u its nibble;
+ * Q8_0: its byte with the sign flipped). pick[byte]: VPSHUFB's control that takes that byte
+ * of each 32-bit lane and zeros the rest. */
+static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const uint8_t *panel, const Int8Outlier *o,
+                                                                         const __m512i pick[4]) {
+    const __m512i u = _mm512_shuffle_epi8(_mm512_load_si512(panel + o->chunk), pick[o->byte]);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_load_ps((const float *)(panel + o->block + 512)),
+                           _mm512_load_ps((const float *)(panel + o->block + 576)));
+}
+
 /* Up to two groups' panels (32 output columns) against every input row, INT8_ROWS rows a
- * pass. valid[g]: group g's real rows (0: no second group); `next`: the pair to fetch. */
-static void int8_groups(const uint8_t *panels[2], const int valid[2], int nb, const int8_t *q, const float *d,
-                        const float *dsum, int rows, int k, float *out[2], int n, const NextGroups *next) {
+ * pass: the int8 blocks, then the outliers. valid[g]: group g's real rows (0: no second
+ * group); `next`: the pair to fetch. */
+static void int8_groups(const uint8_t *panels[2], const int valid[2], int nb, const Int8Inputs *in, int rows, int k,
+                        float *out[2], int n, const NextGroups *next) {
     const __mmask16 keep[2] = {(__mmask16)((1u << valid[0]) - 1), (__mmask16)((1u << valid[1]) - 1)};
     const uint8_t *second = valid[1] ? panels[1] : panels[0];
+    __m512i pick[4];
+    for (int byte = 0; byte < 4; byte++) /* byte `byte` of each lane of a 128-bit quarter; 0x80: zero */
+        pick[byte] = _mm512_set4_epi32(0x80808000 | (12 + byte), 0x80808000 | (8 + byte), 0x80808000 | (4 + byte),
+                                       0x80808000 | byte);
     for (int r0 = 0; r0 < rows; r0 += INT8_ROWS) {
         __m512 sums[2][INT8_ROWS];
         for (int r = 0; r < INT8_ROWS; r++) sums[0][r] = sums[1][r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *w0 = panels[0] + (int64_t)b * INT8_PANEL_BLOCK;
             const uint8_t *w1 = second + (int64_t)b * INT8_PANEL_BLOCK;
-            const int8_t *xb = q + (int64_t)r0 * k + b * QUANT_BLOCK;
+            const int8_t *xb = in->q + (int64_t)r0 * k + b * QUANT_BLOCK;
             if (r0 == 0) prefetch_next_block(next, b);
             __m512i dots[2][INT8_ROWS];
             for (int r = 0; r < INT8_ROWS; r++) dots[0][r] = dots[1][r] = _mm512_setzero_si512();
@@ -108,13 +170,21 @@ static void int8_groups(const uint8_t *panels[2], const int valid[2], int nb, co
             const __m512 cw[2] = {_mm512_load_ps((const float *)(w0 + 576)), _mm512_load_ps((const float *)(w1 + 576))};
             for (int r = 0; r < INT8_ROWS; r++) {
                 const int64_t at = (int64_t)(r0 + r) * nb + b;
-                const __m512 dx = _mm512_set1_ps(d[at]), sx = _mm512_set1_ps(dsum[at]);
+                const __m512 dx = _mm512_set1_ps(in->d[at]), sx = _mm512_set1_ps(in->dsum[at]);
                 for (int g = 0; g < 2; g++) {
                     sums[g][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[g][r]), _mm512_mul_ps(dw[g], dx), sums[g][r]);
                     sums[g][r] = _mm512_fmadd_ps(cw[g], sx, sums[g][r]);
                 }
             }
         }
+        /* the outliers, after the blocks: 8 independent sums at a time */
+        for (int o = 0; o < INT8_OUTLIERS; o++)
+            for (int r = 0; r < INT8_ROWS; r++) {
+                const Int8Outlier *taken = in->outliers + (int64_t)(r0 + r) * INT8_OUTLIERS + o;
+                const __m512 v = _mm512_set1_ps(taken->value);
+                sums[0][r] = _mm512_fmadd_ps(int8_outlier_weights(panels[0], taken, pick), v, sums[0][r]);
+                sums[1][r] = _mm512_fmadd_ps(int8_outlier_weights(second, taken, pick), v, sums[1][r]);
+            }
         for (int r = 0; r < INT8_ROWS && r0 + r < rows; r++)
             for (int g = 0; g < 2; g++)
                 if (valid[g]) _mm512_mask_storeu_ps(out[g] + (int64_t)(r0 + r) * n, keep[g], sums[g][r]);
@@ -123,17 +193,22 @@ static void int8_groups(const uint8_t *panels[2], const int valid[2], int nb, co
 
 static int64_t int8_scratch_bytes(int rows, int k) {
     const int64_t padded = (rows + INT8_ROWS - 1) / INT8_ROWS * INT8_ROWS;
-    return padded * k + padded * (k / QUANT_BLOCK) * 8 + 64;
+    return padded * k + padded * (k / QUANT_BLOCK) * 8 + padded * INT8_OUTLIERS * (int64_t)sizeof(Int8Outlier) +
+           (int64_t)k * 4 + (int64_t)(k / QUANT_BLOCK) * 4 + 64;
 }
 
 /* out[rows, n] = x[rows, k] @ W^T from int8 products. Returns 0; -2 out of memory (nothing
  * written then or partly: the caller falls back). Threads take pairs of groups. */
 static int int8_product(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch) {
     const int k = w->k, nb = k / QUANT_BLOCK, padded = (rows + INT8_ROWS - 1) / INT8_ROWS * INT8_ROWS;
-    float *d = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float *dsum = d + (int64_t)padded * nb;
-    int8_t *q = (int8_t *)(dsum + (int64_t)padded * nb);
-    int8_inputs(x, rows, padded, k, q, d, dsum);
+    Int8Inputs in;
+    in.d = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    in.dsum = in.d + (int64_t)padded * nb;
+    in.outliers = (Int8Outlier *)(in.dsum + (int64_t)padded * nb);
+    float *rest = (float *)(in.outliers + (int64_t)padded * INT8_OUTLIERS);
+    float *amax = rest + k;
+    in.q = (int8_t *)(amax + nb);
+    int8_inputs(x, rows, padded, k, rest, amax, &in);
     const QuantLayout l = quant_layout(w);
     const int n = l.first_row[w->count], groups = l.first_group[w->count];
     int failed = 0;
@@ -152,7 +227,7 @@ static int int8_product(const QuantMatrix *w, const float *x, int rows, float *o
             for (int h = 0; h < pair.count; h++)
                 int8_panel(pair.group[h].data, &pair.group[h].format, nb, (uint8_t *)panels[h]);
             const NextGroups next = next_groups(w, &l, pi, groups);
-            int8_groups(panels, pair.valid, nb, q, d, dsum, rows, k, pair.out, n, &next);
+            int8_groups(panels, pair.valid, nb, &in, rows, k, pair.out, n, &next);
         }
         free(space);
     }

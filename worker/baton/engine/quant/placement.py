@@ -44,11 +44,14 @@ PANEL_MIN_ROWS = {"amx": 16, "avx512_bf16": 16, "avx512_vnni": 8}
 # them (step_budget.on_row_tiles).
 PANEL_ROW_TILE = {"amx": 16, "avx512_bf16": 8, "avx512_vnni": 4}
 # Engines whose products round the inputs to bf16. The int8 one (AVX512-VNNI) rounds them
-# coarser, to int8 per block of 32, and runs only when asked for (BATON_PROMPT_PRODUCTS=int8):
-# SmolLM2 on held-out text then agreed with the float32 path on 96.0% of greedy tokens (mean
-# KL 5.3e-3), 96.2% with float32 attention and cache, against the bf16 engines' 98.9%
-# (bench/results/quant_quality.zen4.int8*.json), below the 97% the default keeps.
+# to int8 per block of 32, each row's 4 largest values kept in float (native/quant_int8.h):
+# SmolLM2 on held-out text then agrees with the float32 path on 98.0% of greedy tokens
+# (mean KL 1.3e-3), 97.9% with float32 attention and cache, against AMX's 98.9% on the same
+# Xeon (bench/results/quant_quality.xeon.int8*.json); without the kept values, 95.6%.
+# Within the 97% target, and 1.4x (Zen 4) to 3x (a Xeon) faster than AVX512-BF16's, so
+# `auto` takes it where no AMX tiles are; AMX's stay the faster where they are.
 BF16_PANEL_ENGINES = ("avx512_bf16", "amx")
+PROMPT_PRODUCTS = ("auto", "int8", "bf16")  # BATON_PROMPT_PRODUCTS
 
 
 def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
@@ -67,37 +70,52 @@ ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx512_vnni":
 
 
 def prompt_products_setting(value: str) -> str:
-    """BATON_PROMPT_PRODUCTS as "auto" or "int8", or a clear error naming what was given."""
+    """BATON_PROMPT_PRODUCTS as one of PROMPT_PRODUCTS, or a clear error naming what was given."""
     setting = value.strip().lower() or "auto"
-    if setting not in ("auto", "int8"):
-        raise ValueError(f"BATON_PROMPT_PRODUCTS is 'auto' or 'int8', not {value!r}")
+    if setting not in PROMPT_PRODUCTS:
+        raise ValueError(f"BATON_PROMPT_PRODUCTS is one of {', '.join(PROMPT_PRODUCTS)}, not {value!r}")
     return setting
+
+
+def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] | list[str],
+                 asked_products: str) -> tuple[str, str]:
+    """The panel engine many-row products run on ("" for none), and why it was chosen over
+    the others. `engines`: the library's, fastest last."""
+    setting = prompt_products_setting(asked_products)
+    bf16 = [e for e in engines if e in BF16_PANEL_ENGINES]
+    if setting == "int8":
+        if "avx512_vnni" not in engines:
+            raise ValueError("BATON_PROMPT_PRODUCTS=int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
+                             f"native library; here the panel engines are {list(engines) or 'none'}")
+        return "avx512_vnni", "BATON_PROMPT_PRODUCTS=int8"
+    if setting == "bf16":
+        if not bf16:
+            raise ValueError("BATON_PROMPT_PRODUCTS=bf16 needs AVX512-BF16 or AMX (avx512_bf16, amx_bf16) in this "
+                             f"CPU and the native library; here the panel engines are {list(engines) or 'none'}")
+        return bf16[-1], "BATON_PROMPT_PRODUCTS=bf16"
+    if "amx" in engines and gemm == torch.bfloat16:
+        return "amx", ""
+    if "avx512_vnni" in engines and asked_dtype == "auto":
+        return "avx512_vnni", "no AMX tiles here: int8 the fastest within the accuracy target"
+    if bf16 and gemm == torch.bfloat16:
+        return bf16[-1], ""
+    return "", ""
 
 
 def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
                    engines: tuple[str, ...] | list[str] = (), asked_products: str = "") -> tuple[DenseProducts, str]:
-    """How a CPU's many-row products run, and why (see `prompt_dtype`). `engines`: the
-    native library's panel engines here, fastest last (native/quant.py's `panel_engines`);
-    the bf16 ones serve bf16 products. `asked_products`: BATON_PROMPT_PRODUCTS, "int8" for
-    the int8 engine whatever the dtype (faster, less accurate), else "" or "auto"."""
+    """How a CPU's many-row products run, and why (see `prompt_dtype`, `panel_engine`).
+    `engines`: the native library's panel engines here, fastest last (native/quant.py's
+    `panel_engines`). `asked_products`: BATON_PROMPT_PRODUCTS ("", "auto", "int8", "bf16")."""
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
-    if prompt_products_setting(asked_products) == "int8":
-        if "avx512_vnni" not in engines:
-            raise ValueError("BATON_PROMPT_PRODUCTS=int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
-                             f"native library; here the panel engines are {list(engines) or 'none'}")
-        usable, why = ["avx512_vnni"], "BATON_PROMPT_PRODUCTS=int8"
-    elif gemm == torch.bfloat16:
-        usable = [e for e in engines if e in BF16_PANEL_ENGINES]
-    else:
-        usable = []
-    if usable:
-        engine = usable[-1]
+    engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products)
+    if engine:
         rows = PANEL_MIN_ROWS[engine]
         if engine in BF16_PANEL_ENGINES:
             how = f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product"
         else:
-            how = f"int8 on {ENGINE_NAMES[engine]}, inputs rounded to int8 per block of 32"
-        return DenseProducts(gemm, rows, engine=engine), f"{how}, from {rows} rows: {why}"
+            how = f"int8 on {ENGINE_NAMES[engine]}, inputs rounded to int8 per block of 32 but each row's largest"
+        return DenseProducts(gemm, rows, engine=engine), f"{how}, from {rows} rows: {engine_why or why}"
     rows = DENSE_MIN_ROWS[gemm]
     return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
 
@@ -135,8 +153,9 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
     held = ", ".join(f"{count} x {name}" for name, count in sorted(formats.items()))
     megabytes = sum(w.nbytes for w in weights) / 2**20
     asked_products = os.environ.get("BATON_PROMPT_PRODUCTS", "")
-    if prompt_products_setting(asked_products) == "int8" and device.type == "cuda":
-        raise ValueError("BATON_PROMPT_PRODUCTS=int8 asks for the CPU's AVX512-VNNI products; on a GPU the "
+    asked = prompt_products_setting(asked_products)
+    if asked != "auto" and device.type == "cuda":
+        raise ValueError(f"BATON_PROMPT_PRODUCTS={asked} asks for the CPU's native products; on a GPU the "
                          "Triton kernel runs every product: unset it")
     if device.type == "cuda":
         how = "Triton kernel, dequantizing inside the matmul"
@@ -146,8 +165,8 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
 
         lib = build.load()
         if lib is None:
-            if prompt_products_setting(asked_products) == "int8":
-                raise ValueError("BATON_PROMPT_PRODUCTS=int8 needs the native library, which is unavailable: "
+            if asked != "auto":
+                raise ValueError(f"BATON_PROMPT_PRODUCTS={asked} needs the native library, which is unavailable: "
                                  f"{build.failure()}")
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
