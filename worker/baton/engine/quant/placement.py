@@ -114,7 +114,8 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
         if engine in BF16_PANEL_ENGINES:
             how = f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product"
         else:
-            how = f"int8 on {ENGINE_NAMES[engine]}, inputs rounded to int8 per block of 32 but each row's largest"
+            how = (f"int8 on {ENGINE_NAMES[engine]}, inputs rounded to int8 per block of 32 "
+                   "(each row's 4 largest kept in float)")
         return DenseProducts(gemm, rows, engine=engine), f"{how}, from {rows} rows: {engine_why or why}"
     rows = DENSE_MIN_ROWS[gemm]
     return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
