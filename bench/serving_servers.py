@@ -84,11 +84,11 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the group
 
 
-def baton_up(layout: list[str], port: int, log_dir: Path, worker_args: list[str], env: dict | None = None) -> Server:
+def baton_up(layout: list[str], port: int, log_dir: Path, worker_args: list[str]) -> Server:
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "baton.cli", "up", *layout, "--port", str(port),
                "--log-dir", str(log_dir), *(f"--worker-arg={a}" for a in worker_args)]
-    return Server("baton up " + " ".join(layout), command, port, log_dir / "up.out", env)
+    return Server("baton up " + " ".join(layout), command, port, log_dir / "up.out")
 
 
 def vllm_serve(venv: Path, model_dir: Path, served_name: str, dtype: str, port: int, log: Path,

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from e2e.harness import metric, wait_for
+from e2e.harness import metric, pod_folder, wait_for
 
 pytestmark = pytest.mark.slow
 LONG_PROMPT = ("Baton moves the KV cache from a prefill worker to a decode worker, like the "
@@ -66,7 +66,8 @@ def engine(tiny):
     from baton.engine.engine import Engine
 
     settings = EngineSettings()  # the sample leaves every engine setting at its default
-    return Engine(dtype=settings.dtype, block_size=settings.block_size,
+    return Engine(dtype=settings.dtype, quantization=settings.quantization,
+                  prompt_products=settings.prompt_products, block_size=settings.block_size,
                   max_num_batched_tokens=settings.max_num_batched_tokens,
                   chunk_size=settings.chunk_size, num_kv_blocks=256)
 
@@ -78,6 +79,20 @@ def test_pods_run_on_their_own_addresses(cluster, tiny):
     assert all(a.startswith("127.0.") and a != "127.0.0.1" for a in addresses)
     roles = sorted(p["metadata"]["labels"].get("baton.dev/role", "") for p in listed)
     assert roles == ["", "decode", "prefill"]
+
+
+def test_engine_settings_reach_the_workers_and_their_logs_say_what_runs_the_products(cluster, tiny, engine):
+    """`engine.promptProducts` (the sample leaves it at auto) reaches each worker pod as its
+    flag, and each worker logs what its products on the GGUF's blocks run on (AMX tiles,
+    int8 on VNNI, bf16...): what the offline engine chose on this same CPU."""
+    workers = pods(cluster, f"baton.dev/deployment={tiny},app.kubernetes.io/component=worker")
+    assert len(workers) == 2
+    for pod in workers:
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[args.index("--prompt-products") + 1] == "auto"
+        assert args[args.index("--quantization") + 1] == "auto"
+        log = "".join(path.read_text(errors="replace") for path in pod_folder(cluster, pod).glob("*.log"))
+        assert f"products: {engine.runner.quantization}" in log, log[-3000:]
 
 
 def test_kubectl_get_pdd_shows_the_printer_columns(cluster, tiny):

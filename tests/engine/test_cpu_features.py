@@ -176,7 +176,7 @@ def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside
     (["avx512_bf16"], "int8", r"needs AVX512-VNNI \(avx512_vnni\).*panel engines are \['avx512_bf16'\]"),
     ([], "int8", "panel engines are none"),
     (["avx512_vnni"], "bf16", r"bf16 needs AVX512-BF16 or AMX.*panel engines are \['avx512_vnni'\]"),
-    (["avx512_bf16", "avx512_vnni"], "int4", "BATON_PROMPT_PRODUCTS is one of auto, int8, bf16, not 'int4'"),
+    (["avx512_bf16", "avx512_vnni"], "int4", r"prompt products \(--prompt-products\) are one of auto, int8, bf16, not 'int4'"),
 ])
 def test_int8_products_asked_where_they_cannot_run_or_misspelt_name_the_problem(engines, products, message):
     with pytest.raises(ValueError, match=message):

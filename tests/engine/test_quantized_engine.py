@@ -195,6 +195,14 @@ def test_worker_and_up_flags_reach_the_engine():
     up_arguments(up)
     assert "--quantization=none" in spec_from_args(up.parse_args(["--quantization", "none"])).worker_args
     assert not any("quantization" in a for a in spec_from_args(up.parse_args([])).worker_args)
+    # what the many-row products on quantized weights run on (CPU)
+    assert settings_from_args(parser.parse_args([])).engine_settings()["prompt_products"] == "auto"
+    asked = settings_from_args(parser.parse_args(["--prompt-products", "bf16", "--insecure-no-token"]))
+    assert asked.engine_settings()["prompt_products"] == "bf16"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--prompt-products", "int4"])
+    assert "--prompt-products=int8" in spec_from_args(up.parse_args(["--prompt-products", "int8"])).worker_args
+    assert not any("prompt-products" in a for a in spec_from_args(up.parse_args([])).worker_args)
 
 
 def test_without_the_native_library_tiles_are_dequantized_with_torch(monkeypatch, caplog, small_files,
@@ -212,16 +220,16 @@ def test_without_the_native_library_tiles_are_dequantized_with_torch(monkeypatch
     torch.testing.assert_close(prompt_logits(engine, ids), prompt_logits(small_reference, ids), atol=1e-3, rtol=1e-4)
 
 
-def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(small_files, small_reference, lib,
-                                                                            monkeypatch, caplog):
-    """BATON_PROMPT_PRODUCTS=int8: prompt chunks' products on int8 inputs (AVX512-VNNI) in the
-    native step, said in the log; less accurate than the default, still near float32."""
+def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(small_files, small_reference, lib, caplog):
+    """prompt_products="int8" (`auto`'s choice where no AMX tiles are): prompt chunks'
+    products on int8 inputs (AVX512-VNNI) in the native step, said in the log; a little
+    less accurate than bf16's, still near float32."""
     if "avx512_vnni" not in native_quant.panel_engines(lib):
         pytest.skip("no int8 products here: this CPU or its library has no AVX512-VNNI")
-    monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int8")
     with caplog.at_level(logging.INFO, logger="baton.engine.quant.placement"):
-        engine = make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)
-    assert "int8 on AVX512-VNNI" in engine.runner.quantization and "BATON_PROMPT_PRODUCTS=int8" in caplog.text
+        engine = make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64,
+                             prompt_products="int8")
+    assert "int8 on AVX512-VNNI" in engine.runner.quantization and "--prompt-products int8" in caplog.text
     steps = engine.runner.native.prompts
     assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS["avx512_vnni"] and steps.quant_min_rows == 8
     assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE["avx512_vnni"], 8)
@@ -233,22 +241,22 @@ def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(smal
     assert agree >= 0.9 and 0 < kl < 0.05, (agree, kl)
 
 
-def test_a_misspelt_prompt_products_setting_fails_at_start_naming_it(small_files, lib, monkeypatch):
-    monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int4")
-    with pytest.raises(ValueError, match="BATON_PROMPT_PRODUCTS is one of auto, int8, bf16, not 'int4'"):
-        make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64)
+def test_a_misspelt_prompt_products_setting_fails_at_start_naming_it(small_files, lib):
+    with pytest.raises(ValueError, match=r"prompt_products must be one of \('auto', 'int8', 'bf16'\), got 'int4'"):
+        make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64,
+                    prompt_products="int4")
 
 
+@pytest.mark.parametrize("asked", ["int8", "bf16"])
 @pytest.mark.parametrize("device, library, message", [
-    ("cuda", True, "on a GPU the Triton kernel runs every product: unset it"),
+    ("cuda", True, "on a GPU the Triton kernel runs every product: leave it at auto"),
     ("cpu", False, "needs the native library, which is unavailable: no compiler"),
 ])
-def test_int8_prompt_products_asked_where_nothing_runs_them_fail_naming_why(monkeypatch, device, library, message):
-    monkeypatch.setenv("BATON_PROMPT_PRODUCTS", "int8")
+def test_prompt_products_asked_where_nothing_runs_them_fail_naming_why(monkeypatch, asked, device, library, message):
     if not library:
         monkeypatch.setattr(build, "load", lambda: None)
         monkeypatch.setattr(build, "failure", lambda: "no compiler")
     fmt = FORMATS["Q4_0"]
     model = torch.nn.Sequential(QuantizedWeight([QuantizedTensor(fmt, random_rows(fmt, 16, 64), 64)]))
-    with pytest.raises(ValueError, match=message):
-        place_quantized(model, torch.device(device), "auto")
+    with pytest.raises(ValueError, match=f"--prompt-products {asked} .*{message}"):
+        place_quantized(model, torch.device(device), "auto", asked_products=asked)

@@ -41,7 +41,7 @@ def pod(name, role, state="active", ready=True, ip="10.0.0.1", template=None, ph
 
 def test_worker_pod_from_pvc():
     s = spec(model={"source": "pvc", "claimName": "models", "path": "llama"},
-             engine={"dtype": "bfloat16", "quantization": "none", "chunkSize": 256},
+             engine={"dtype": "bfloat16", "quantization": "none", "chunkSize": 256, "promptProducts": "int8"},
              decode={"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1}},
                      "tolerations": [{"key": "gpu", "operator": "Exists"}]})
     body = workers.worker_pod("d", "d-w-1", "decode", s)
@@ -50,6 +50,7 @@ def test_worker_pod_from_pvc():
     assert args[args.index("--model") + 1] == "/models/llama"
     assert args[args.index("--dtype") + 1] == "bfloat16"
     assert args[args.index("--quantization") + 1] == "none"
+    assert args[args.index("--prompt-products") + 1] == "int8"
     assert args[args.index("--chunk-size") + 1] == "256"
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     model = next(v for v in body["spec"]["volumes"] if v["name"] == "model")
@@ -67,6 +68,12 @@ def test_worker_pod_from_host_path_and_bundled():
     assert [v["name"] for v in bundled["spec"]["volumes"]] == ["scratch"]
     args = bundled["spec"]["containers"][0]["args"]
     assert args[args.index("--model") + 1] == "bundled"
+    assert args[args.index("--prompt-products") + 1] == "auto"
+
+
+def test_an_unknown_prompt_products_value_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"spec\.engine\.promptProducts: Input should be 'auto', 'int8' or 'bf16'"):
+        spec(engine={"promptProducts": "int4"})
 
 
 def least_privileged_pods(s):

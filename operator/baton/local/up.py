@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", choices=["auto", "none"], default=None,
                         help="workers' weights: auto (the default) serves a GGUF's quantized blocks "
                         "as they are, none dequantizes them to --dtype")
+    parser.add_argument("--prompt-products", choices=["auto", "int8", "bf16"], default=None,
+                        help="on CPU, what workers' many-row products on quantized weights run on: auto "
+                        "(the default) = AMX tiles where the CPU has them, else int8 on AVX512-VNNI, else "
+                        "AVX512-BF16; int8 or bf16 ask for one")
     parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16", "float16", "float32"], default=None,
                         help="workers' KV cache dtype: auto (the default) is the activations' dtype, or "
                              "bf16 under float32 activations on a CPU with bf16 in hardware; prefill and "
@@ -76,6 +80,8 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
     extra = ["--tpot-objective-ms", f"{tpot * 1e3:g}"] if tpot else []
     if args.quantization:
         extra.append(f"--quantization={args.quantization}")
+    if args.prompt_products:
+        extra.append(f"--prompt-products={args.prompt_products}")
     if args.kv_cache_dtype:
         extra.append(f"--kv-cache-dtype={args.kv_cache_dtype}")
     if args.rank_placement != "pack":

@@ -13,6 +13,9 @@ from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
 ROLES = ("prefill", "decode", "both")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("auto", "none")  # auto: a checkpoint's quantized blocks as they are; none: full precision
+# What a CPU's many-row products on quantized weights run on (quant/placement.py): auto (AMX
+# tiles where the CPU has them, else int8 on AVX512-VNNI, else AVX512-BF16), or one asked for
+PROMPT_PRODUCTS = ("auto", "int8", "bf16")
 RANK_PLACEMENTS = ("pack", "spread")  # where a worker's other tensor-parallel ranks run (Ray)
 # Prompt tokens per step are capped so running decodes keep this time per output token. 35 ms:
 # with vLLM's serving client on a Xeon with AMX, 50 ms let the chunk steps set ITL p99 at
@@ -82,6 +85,7 @@ class EngineConfig:
     model: str | None = None
     dtype: str = "auto"  # auto = bfloat16 on GPUs and on CPUs with bf16 in hardware, else float32
     quantization: str = "auto"  # see QUANTIZATIONS; the dtype is then that of everything else
+    prompt_products: str = "auto"  # see PROMPT_PRODUCTS
     # the KV cache's dtype; auto = the activations', but bf16 under the float32 activations
     # `auto` keeps on quantized weights where the CPU has bf16 in hardware
     kv_cache_dtype: str = "auto"
@@ -121,6 +125,8 @@ class EngineConfig:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.prompt_products not in PROMPT_PRODUCTS:
+            raise ValueError(f"prompt_products must be one of {PROMPT_PRODUCTS}, got {self.prompt_products!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in DTYPES:

@@ -61,7 +61,8 @@ class ModelRunner:
             tensors = shard_tensors(tensors, model_config.head_dim, shard if held is None else within(shard, held))
         load_weights(self.model, tensors)
         self.model.to(device)
-        self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype)
+        self.quantization = place_quantized(self.model, device, config.quantization, dtype, config.dtype,
+                                            config.prompt_products)
         self.row_tiles = row_tiles(self.model)  # how its many-row products take a step's rows
         if device.type == "cpu":
             from baton.engine.native import build

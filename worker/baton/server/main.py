@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, QUANTIZATIONS
+from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, PROMPT_PRODUCTS, QUANTIZATIONS
 from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
 from baton.kv.transport import TOKEN_ENV
 from baton.server.settings import KV_TRANSPORTS, WorkerSettings
@@ -30,6 +30,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
                         help="auto: products on a GGUF checkpoint's quantized blocks as they are "
                         "(Q4_0, Q4_1, Q8_0); none: weights at full precision (--dtype)")
+    parser.add_argument("--prompt-products", default="auto", choices=PROMPT_PRODUCTS,
+                        help="on CPU, what the many-row products on quantized weights (prompt chunks) "
+                        "run on: auto = AMX tiles where the CPU has them, else int8 on AVX512-VNNI "
+                        "(each row's largest inputs kept in float), else AVX512-BF16; int8 or bf16 "
+                        "ask for one (an error where this CPU has none)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--chunk-size", type=int, default=512,
@@ -81,7 +86,7 @@ def settings_from_args(args) -> WorkerSettings:
         host=args.host, port=args.port, kv_port=args.kv_port, kv_transport=args.kv_transport,
         advertise_host=args.advertise_host, worker_id=args.worker_id, dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
-        quantization=args.quantization,
+        quantization=args.quantization, prompt_products=args.prompt_products,
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
         chunk_size=args.chunk_size,
         tpot_objective_s=args.tpot_objective_ms / 1e3, tpot_bank_objectives=args.tpot_bank_objectives,

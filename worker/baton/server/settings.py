@@ -26,6 +26,7 @@ class WorkerSettings:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     quantization: str = "auto"
+    prompt_products: str = "auto"  # what many-row products on quantized weights run on (CPU)
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     chunk_size: int = 512
@@ -110,6 +111,7 @@ class WorkerSettings:
             dtype=self.dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             quantization=self.quantization,
+            prompt_products=self.prompt_products,
             block_size=self.block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,
             chunk_size=self.chunk_size,

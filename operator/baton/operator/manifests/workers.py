@@ -91,6 +91,7 @@ def worker_args(spec: PDDeploymentSpec) -> list[str]:
         "--dtype", engine.dtype,
         "--kv-cache-dtype", engine.kv_cache_dtype,
         "--quantization", engine.quantization,
+        "--prompt-products", engine.prompt_products,
         "--block-size", str(engine.block_size),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--chunk-size", str(engine.chunk_size),

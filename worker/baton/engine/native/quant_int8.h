@@ -22,7 +22,7 @@
  * run in the same order whatever the other rows of the product: results do not depend on
  * the batch. Rounding the inputs to int8 still costs some of the accuracy the bf16 engines
  * keep (bench/quant_quality.py measures it); quant/placement.py runs this engine where no
- * AMX tiles are, or when asked for (BATON_PROMPT_PRODUCTS=int8). Included by quant_product.h.
+ * AMX tiles are, or when asked for (--prompt-products int8). Included by quant_product.h.
  */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANT_INT8 1

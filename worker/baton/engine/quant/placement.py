@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from baton.engine.config import PROMPT_PRODUCTS
 from baton.engine.cpu_features import CpuInfo, auto_cpu_dtype, this_cpu
 from baton.engine.quant.weight import DenseProducts, QuantizedWeight
 from baton.engine.step_budget import RowTiles
@@ -51,7 +51,6 @@ PANEL_ROW_TILE = {"amx": 16, "avx512_bf16": 8, "avx512_vnni": 4}
 # Within the 97% target, and 1.4x (Zen 4) to 3x (a Xeon) faster than AVX512-BF16's, so
 # `auto` takes it where no AMX tiles are; AMX's stay the faster where they are.
 BF16_PANEL_ENGINES = ("avx512_bf16", "amx")
-PROMPT_PRODUCTS = ("auto", "int8", "bf16")  # BATON_PROMPT_PRODUCTS
 
 
 def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
@@ -70,10 +69,12 @@ ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx512_vnni":
 
 
 def prompt_products_setting(value: str) -> str:
-    """BATON_PROMPT_PRODUCTS as one of PROMPT_PRODUCTS, or a clear error naming what was given."""
+    """The prompt products setting (--prompt-products) as one of PROMPT_PRODUCTS, or a clear
+    error naming what was given."""
     setting = value.strip().lower() or "auto"
     if setting not in PROMPT_PRODUCTS:
-        raise ValueError(f"BATON_PROMPT_PRODUCTS is one of {', '.join(PROMPT_PRODUCTS)}, not {value!r}")
+        raise ValueError(f"prompt products (--prompt-products) are one of {', '.join(PROMPT_PRODUCTS)}, "
+                         f"not {value!r}")
     return setting
 
 
@@ -85,14 +86,14 @@ def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] |
     bf16 = [e for e in engines if e in BF16_PANEL_ENGINES]
     if setting == "int8":
         if "avx512_vnni" not in engines:
-            raise ValueError("BATON_PROMPT_PRODUCTS=int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
+            raise ValueError("--prompt-products int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
                              f"native library; here the panel engines are {list(engines) or 'none'}")
-        return "avx512_vnni", "BATON_PROMPT_PRODUCTS=int8"
+        return "avx512_vnni", "--prompt-products int8"
     if setting == "bf16":
         if not bf16:
-            raise ValueError("BATON_PROMPT_PRODUCTS=bf16 needs AVX512-BF16 or AMX (avx512_bf16, amx_bf16) in this "
+            raise ValueError("--prompt-products bf16 needs AVX512-BF16 or AMX (avx512_bf16, amx_bf16) in this "
                              f"CPU and the native library; here the panel engines are {list(engines) or 'none'}")
-        return bf16[-1], "BATON_PROMPT_PRODUCTS=bf16"
+        return bf16[-1], "--prompt-products bf16"
     if "amx" in engines and gemm == torch.bfloat16:
         return "amx", ""
     if "avx512_vnni" in engines and asked_dtype == "auto":
@@ -106,7 +107,7 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
                    engines: tuple[str, ...] | list[str] = (), asked_products: str = "") -> tuple[DenseProducts, str]:
     """How a CPU's many-row products run, and why (see `prompt_dtype`, `panel_engine`).
     `engines`: the native library's panel engines here, fastest last (native/quant.py's
-    `panel_engines`). `asked_products`: BATON_PROMPT_PRODUCTS ("", "auto", "int8", "bf16")."""
+    `panel_engines`). `asked_products`: the prompt products setting (PROMPT_PRODUCTS)."""
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
     engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products)
     if engine:
@@ -140,9 +141,10 @@ def quantized_weights(model) -> list[QuantizedWeight]:
 
 
 def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtype = torch.float32,
-                    asked_dtype: str = "auto") -> str:
+                    asked_dtype: str = "auto", asked_products: str = "auto") -> str:
     """Prepare the quantized matrices for `device`; return (and log) what runs them.
-    `dtype`/`asked_dtype`: the engine's dtype and the setting it came from."""
+    `dtype`/`asked_dtype`: the engine's dtype and the setting it came from; `asked_products`:
+    the prompt products setting (PROMPT_PRODUCTS)."""
     weights = quantized_weights(model)
     if not weights:
         why = "asked for none" if setting == "none" else "the checkpoint holds no quantized matrices"
@@ -153,11 +155,10 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
         formats[w.describe()] = formats.get(w.describe(), 0) + 1
     held = ", ".join(f"{count} x {name}" for name, count in sorted(formats.items()))
     megabytes = sum(w.nbytes for w in weights) / 2**20
-    asked_products = os.environ.get("BATON_PROMPT_PRODUCTS", "")
     asked = prompt_products_setting(asked_products)
     if asked != "auto" and device.type == "cuda":
-        raise ValueError(f"BATON_PROMPT_PRODUCTS={asked} asks for the CPU's native products; on a GPU the "
-                         "Triton kernel runs every product: unset it")
+        raise ValueError(f"--prompt-products {asked} asks for the CPU's native products; on a GPU the "
+                         "Triton kernel runs every product: leave it at auto")
     if device.type == "cuda":
         how = "Triton kernel, dequantizing inside the matmul"
     else:
@@ -167,7 +168,7 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
         lib = build.load()
         if lib is None:
             if asked != "auto":
-                raise ValueError(f"BATON_PROMPT_PRODUCTS={asked} needs the native library, which is unavailable: "
+                raise ValueError(f"--prompt-products {asked} needs the native library, which is unavailable: "
                                  f"{build.failure()}")
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
