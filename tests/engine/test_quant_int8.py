@@ -1,8 +1,8 @@
 """int8 products on quantized weights with AVX512-VNNI (native/quant_int8.h): the values of
 its arithmetic (each row's largest inputs multiplied in float, the rest rounded to int8 per
-block of 32, exact integer sums, each block scaled once), close to the exact product, and the weight's dispatch to it (a row's
-independence of its batch: test_quant_bf16.py, for every panel engine). Skipped, naming
-why, where the library has no VNNI engine."""
+block of 32, exact integer sums, each block scaled once), close to the exact product, and
+the weight's dispatch to it (a row's independence of its batch: test_quant_bf16.py, for
+every panel engine). Skipped, naming why, where the library has no VNNI engine."""
 
 from __future__ import annotations
 
