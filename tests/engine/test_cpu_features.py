@@ -145,19 +145,19 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
 
 
 @pytest.mark.parametrize("text, engines, dtype, asked, products, engine", [
-    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "auto", "", "amx"),  # auto: the fastest
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "auto", "auto", "amx"),  # auto: the fastest
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.bfloat16, "bfloat16", "auto", "amx"),
-    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_vnni"),  # the OS refused AMX
-    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "", "avx512_vnni"),  # no AMX: int8
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "auto", "avx512_vnni"),  # the OS refused AMX
+    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "auto", "avx512_vnni"),  # no AMX: int8
     (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "bf16", "avx512_bf16"),  # bf16 asked for
-    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.bfloat16, "bfloat16", "", "avx512_bf16"),  # a bf16 engine asked
-    (ZEN4, ["avx512_bf16"], torch.float32, "auto", "", "avx512_bf16"),  # a library built without VNNI
-    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "auto", "", "avx512_vnni"),  # no bf16 in hardware: int8
-    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", "", ""),  # float32 asked: float32 GEMM
-    (CASCADE_LAKE, [], torch.float32, "auto", "", ""),
+    (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.bfloat16, "bfloat16", "auto", "avx512_bf16"),  # a bf16 engine asked
+    (ZEN4, ["avx512_bf16"], torch.float32, "auto", "auto", "avx512_bf16"),  # a library built without VNNI
+    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "auto", "auto", "avx512_vnni"),  # no bf16 in hardware: int8
+    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", "auto", ""),  # float32 asked: float32 GEMM
+    (CASCADE_LAKE, [], torch.float32, "auto", "auto", ""),
     (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "int8", "avx512_vnni"),
-    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", " INT8 ", "avx512_vnni"),  # asked: whatever the dtype
-    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "float32", "", ""),  # float32 asked: none
+    (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", "int8", "avx512_vnni"),  # asked: whatever the dtype
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "float32", "auto", ""),  # float32 asked: none
 ])
 def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside_them(text, engines, dtype, asked,
                                                                                        products, engine):

@@ -68,28 +68,26 @@ def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[to
 ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx512_vnni": "AVX512-VNNI"}
 
 
-def prompt_products_setting(value: str) -> str:
-    """The prompt products setting (--prompt-products) as one of PROMPT_PRODUCTS, or a clear
-    error naming what was given."""
-    setting = value.strip().lower() or "auto"
-    if setting not in PROMPT_PRODUCTS:
+def check_prompt_products(asked: str) -> None:
+    """Refuse a prompt products setting outside PROMPT_PRODUCTS, naming it (the flags, the
+    CRD and EngineConfig check it first; this is for callers of this module)."""
+    if asked not in PROMPT_PRODUCTS:
         raise ValueError(f"prompt products (--prompt-products) are one of {', '.join(PROMPT_PRODUCTS)}, "
-                         f"not {value!r}")
-    return setting
+                         f"not {asked!r}")
 
 
 def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] | list[str],
                  asked_products: str) -> tuple[str, str]:
     """The panel engine many-row products run on ("" for none), and why it was chosen over
     the others. `engines`: the library's, fastest last."""
-    setting = prompt_products_setting(asked_products)
+    check_prompt_products(asked_products)
     bf16 = [e for e in engines if e in BF16_PANEL_ENGINES]
-    if setting == "int8":
+    if asked_products == "int8":
         if "avx512_vnni" not in engines:
             raise ValueError("--prompt-products int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
                              f"native library; here the panel engines are {list(engines) or 'none'}")
         return "avx512_vnni", "--prompt-products int8"
-    if setting == "bf16":
+    if asked_products == "bf16":
         if not bf16:
             raise ValueError("--prompt-products bf16 needs AVX512-BF16 or AMX (avx512_bf16, amx_bf16) in this "
                              f"CPU and the native library; here the panel engines are {list(engines) or 'none'}")
@@ -104,7 +102,7 @@ def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] |
 
 
 def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
-                   engines: tuple[str, ...] | list[str] = (), asked_products: str = "") -> tuple[DenseProducts, str]:
+                   engines: tuple[str, ...] | list[str] = (), asked_products: str = "auto") -> tuple[DenseProducts, str]:
     """How a CPU's many-row products run, and why (see `prompt_dtype`, `panel_engine`).
     `engines`: the native library's panel engines here, fastest last (native/quant.py's
     `panel_engines`). `asked_products`: the prompt products setting (PROMPT_PRODUCTS)."""
@@ -155,9 +153,9 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
         formats[w.describe()] = formats.get(w.describe(), 0) + 1
     held = ", ".join(f"{count} x {name}" for name, count in sorted(formats.items()))
     megabytes = sum(w.nbytes for w in weights) / 2**20
-    asked = prompt_products_setting(asked_products)
-    if asked != "auto" and device.type == "cuda":
-        raise ValueError(f"--prompt-products {asked} asks for the CPU's native products; on a GPU the "
+    check_prompt_products(asked_products)
+    if asked_products != "auto" and device.type == "cuda":
+        raise ValueError(f"--prompt-products {asked_products} asks for the CPU's native products; on a GPU the "
                          "Triton kernel runs every product: leave it at auto")
     if device.type == "cuda":
         how = "Triton kernel, dequantizing inside the matmul"
@@ -167,8 +165,8 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
 
         lib = build.load()
         if lib is None:
-            if asked != "auto":
-                raise ValueError(f"--prompt-products {asked} needs the native library, which is unavailable: "
+            if asked_products != "auto":
+                raise ValueError(f"--prompt-products {asked_products} needs the native library, which is unavailable: "
                                  f"{build.failure()}")
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
