@@ -8,6 +8,7 @@ import pytest
 
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
+    CONTEXT_FIT_STEPS,
     DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
     UNREACHABLE_SHARE,
@@ -491,3 +492,51 @@ def test_budgets_keep_in_hand_how_far_steps_stray_from_the_line():
     assert scattered.prompt_cost().margin > 0.005
     assert (prefill_token_budget(0.05, 2, scattered, ceiling=2048)
             < prefill_token_budget(0.05, 2, steady, ceiling=2048) - 10)
+
+
+def test_the_margin_is_judged_on_the_steps_a_budget_sizes():
+    """Whole prompts run with no decodes beside them (no budget sizes those steps) may stray
+    far from the line; the margin then comes from the steps beside decodes, once there are
+    enough of them to judge, and from every step before that."""
+    def costs(steps_beside_decodes: int) -> StepCosts:
+        c = StepCosts()
+        for b in (1, 2, 4, 8):
+            c.observe(b, 0, 0.01 * b)
+        for i in range(steps_beside_decodes):
+            tokens = (16, 32, 64, 128)[i % 4]
+            c.observe(2, tokens, 0.02 + 0.005 + 0.0004 * tokens, attention_work(0, tokens))
+        for i in range(12):  # whole prompts, half of them 20 ms past the line
+            tokens = (256, 512, 768)[i % 3]
+            c.observe(0, tokens, 0.005 + 0.0004 * tokens + 0.02 * (i % 2 == 0), attention_work(0, tokens))
+        return c
+
+    judged_beside_decodes, too_few_to_judge = costs(20), costs(CONTEXT_FIT_STEPS - 1)
+    assert judged_beside_decodes.prompt_cost().margin < 0.002
+    assert too_few_to_judge.prompt_cost().margin > 0.005
+    assert (prefill_token_budget(0.05, 2, judged_beside_decodes, ceiling=2048)
+            > prefill_token_budget(0.05, 2, too_few_to_judge, ceiling=2048) + 10)
+
+
+def test_a_chunk_fills_its_last_row_tile_where_the_line_alone_still_fits():
+    """The margin kept for the slowest steps does not also cost a whole row tile: where the
+    line without it still ends the step within the objective, the chunk fills its last tile;
+    with no margin to spend (steady steps) it stops at the tile below, as before."""
+    tiles = RowTiles(16, from_rows=16)
+    steady, scattered = StepCosts(), StepCosts()
+    for costs in (steady, scattered):
+        for b in (1, 2, 4, 8):
+            costs.observe(b, 0, 0.01 * b)
+    for i, tokens in enumerate((16, 32, 64, 128) * 5):
+        for costs, noise in ((steady, 0.0), (scattered, 0.01 * (i % 5 == 0))):
+            costs.observe(2, tokens, 0.02 + 0.005 + 0.0004 * tokens + noise, attention_work(0, tokens))
+    assert scattered.prompt_cost().margin > 0.005
+
+    untiled = prefill_token_budget(0.05, 2, scattered, ceiling=2048)
+    filled = prefill_token_budget(0.05, 2, scattered, ceiling=2048, tiles=tiles)
+    assert (2 + filled) % 16 == 0 and untiled < filled < untiled + 16
+    line = scattered.prompt_cost()._replace(margin=0.0)
+    assert scattered.decode_step_s(2) + line.seconds(filled) <= 0.05
+
+    fitted = prefill_token_budget(0.05, 2, steady, ceiling=2048)
+    assert prefill_token_budget(0.05, 2, steady, ceiling=2048, tiles=tiles) == on_row_tiles(fitted, 2, tiles, 2048,
+                                                                                            fits=True)

@@ -97,8 +97,8 @@ class StepCosts:
 
     def __init__(self, window: int = 64, alpha: float = 0.2):
         self._decode_steps: deque[tuple[int, float]] = deque(maxlen=window)
-        # (P, W, seconds beyond decodes)
-        self._prompt_steps: deque[tuple[int, int, float]] = deque(maxlen=window)
+        # (P, W, seconds beyond decodes, decodes)
+        self._prompt_steps: deque[tuple[int, int, float, int]] = deque(maxlen=window)
         self._alpha = alpha
         self.prefill_s_per_token: float | None = None  # smoothed mean: what a local prompt token costs
 
@@ -116,7 +116,8 @@ class StepCosts:
         if decode_part is None:
             return
         extra = max(seconds - decode_part, 0.0)
-        self._prompt_steps.append((prompt_tokens, attention_work(0, prompt_tokens) if work is None else work, extra))
+        self._prompt_steps.append((prompt_tokens, attention_work(0, prompt_tokens) if work is None else work, extra,
+                                   decodes))
         if extra <= 0:
             # a step no longer than the decode line's fixed part (a few prompt tokens, with
             # the line known from other steps) says nothing of a token's cost: a rate of zero
@@ -160,14 +161,23 @@ class StepCosts:
         them apart (a > 0, F ≥ 0), else (F, s) with a = 0 and F ≥ 0. Chunks all of about one
         size cannot tell F from s: then F = 0 (every second per token, an over-estimate for
         larger chunks). Once CONTEXT_FIT_STEPS steps are in, with the margin those steps ran
-        past the fit (its MARGIN_QUANTILE)."""
-        steps = list(self._prompt_steps)
+        past the fit (its MARGIN_QUANTILE): over the steps beside decodes where there are that
+        many, as those are the steps a budget sizes."""
+        steps = [(p, w, t) for p, w, t, _ in self._prompt_steps]
         if not steps:
             return None
         cost = _fit_with_context(steps) or _fit_line([(p, t) for p, _, t in steps])
         if len(steps) < CONTEXT_FIT_STEPS:
             return cost
-        past = sorted(t - cost.fixed - cost.per_token * p - cost.per_context * w for p, w, t in steps)
+        # A colocated worker's steps with no decodes carry whole prompts, several at a time
+        # (hundreds of milliseconds), and stray from the line by more in absolute terms. On two
+        # colocated workers of a Xeon with AMX (bench/serving.py) they set the margin of the
+        # worker that ran them at 8-17 ms (1.4-5.7 ms judged beside decodes), and that worker,
+        # left with one stream and three prompts waiting, ran 15-31-token chunks in 18-25 ms
+        # steps under a 35 ms objective.
+        sized = [(p, w, t) for p, w, t, decodes in self._prompt_steps if decodes]
+        judged = sized if len(sized) >= CONTEXT_FIT_STEPS else steps
+        past = sorted(t - cost.fixed - cost.per_token * p - cost.per_context * w for p, w, t in judged)
         return cost._replace(margin=max(0.0, past[int(MARGIN_QUANTILE * (len(past) - 1))]))
 
 
@@ -299,9 +309,20 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
         # half a decode step
         forced = int(min(max(UNREACHABLE_SHARE * t_dec / per_token, floor), ceiling))
         return on_row_tiles(forced, decodes, tiles, ceiling, fits=False)
-    now = fit(min(max(allowance_s or 0.0, tpot_objective_s), bank * tpot_objective_s))
+    allowed = min(max(allowance_s or 0.0, tpot_objective_s), bank * tpot_objective_s)
+    now = fit(allowed)
     # a chunk whose fixed part is at most a third of its cost; less is worth waiting for
     worthwhile = min(2 * fixed / per_token, most, wanted if wanted is not None else ceiling, ceiling)
     if now < worthwhile and deferred_s < bank * tpot_objective_s:
         return 0
-    return on_row_tiles(int(min(max(now, floor), ceiling)), decodes, tiles, ceiling, fits=now >= floor)
+    tokens = int(min(max(now, floor), ceiling))
+    if now >= floor:
+        # the chunk may fill its last row tile where the line alone, without the margin kept
+        # for the slowest steps, still ends the step within the allowance: rounding down to
+        # the tile below left steps beside one decode late in a prompt 10-14 ms short of a
+        # 35 ms objective (15 prompt tokens where 29 fitted; two colocated workers, a Xeon
+        # with AMX, bench/serving.py)
+        filled = on_row_tiles(tokens, decodes, tiles, ceiling, fits=False)
+        if filled > tokens and cost._replace(margin=0.0).tokens_within(allowed - t_dec, context_start) >= filled:
+            return filled
+    return on_row_tiles(tokens, decodes, tiles, ceiling, fits=now >= floor)
