@@ -39,8 +39,8 @@ from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
 LAYOUTS = {"baton-pd": ["--prefill", "1", "--decode", "1"], "baton-colocated-2": ["--colocated", "2"]}
 # a layout's name + "+int8" or "+bf16": its workers' many-row products on quantized weights on
-# that engine (--prompt-products; README, "int16, not ggml's int8 inputs"), judged against the
-# same targets
+# that engine (--prompt-products; docs/benchmarks.md, "int16, not ggml's int8 inputs"), judged
+# against the same targets
 VARIANTS = {"int8": ["--prompt-products=int8"], "bf16": ["--prompt-products=bf16"]}
 # the issue's targets, as (metric, ratio to vLLM, "<=" or ">=")
 TARGETS = {

@@ -19,7 +19,8 @@ PROMPT_PRODUCTS = ("auto", "int8", "bf16")
 RANK_PLACEMENTS = ("pack", "spread")  # where a worker's other tensor-parallel ranks run (Ray)
 # Prompt tokens per step are capped so running decodes keep this time per output token. 35 ms:
 # with vLLM's serving client on a Xeon with AMX, 50 ms let the chunk steps set ITL p99 at
-# ~50 ms (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.93x at the same throughput (README, Serving)
+# ~50 ms (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.93x at the same throughput
+# (docs/benchmarks.md, Serving against vLLM-CPU)
 DEFAULT_TPOT_OBJECTIVE_S = 0.035
 
 
