@@ -13,7 +13,11 @@
  * A transformer's activations carry a few values far larger than the rest, and one in a
  * block leaves its 31 neighbours a step of max|x| / 127: most of int8's error on SmolLM2.
  * So each row's INT8_OUTLIERS largest values are taken out before rounding and multiplied
- * in float with their weights from the panel (w = d_w u + c) after the blocks.
+ * in float with their weights from the panel (w = d_w u + c) after the blocks. Rows share
+ * their outliers' channels (a 256-token prompt's 1,024 fell on a median of 47 of SmolLM2's
+ * 576 input channels), but taking each channel's weights from a group pair's panels once,
+ * into a table the rows read, measured no faster (the same bits; SmolLM2's products at 256
+ * rows on a Xeon core, three runs each alternating: 196-208 ms before, 208-212 ms with it).
  *
  * A group of 16 weight rows is unpacked once per product into a byte panel that stays in
  * L1/L2 (8 chunks of 64 bytes a block: chunk j holds values 4j..4j+3 of each row, one row
