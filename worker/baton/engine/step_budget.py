@@ -318,10 +318,10 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
     tokens = int(min(max(now, floor), ceiling))
     if now >= floor:
         # the chunk may fill its last row tile where the line alone, without the margin kept
-        # for the slowest steps, still ends the step within the allowance: rounding down to
-        # the tile below left steps beside one decode late in a prompt 10-14 ms short of a
-        # 35 ms objective (15 prompt tokens where 29 fitted; two colocated workers, a Xeon
-        # with AMX, bench/serving.py)
+        # for the slowest steps, still ends the step within the allowance: rounded down to
+        # the tile below, chunks beside one decode late in a prompt ran 15 tokens (16 rows)
+        # in 21-25 ms steps under a 35 ms objective (two colocated workers, a Xeon with AMX,
+        # bench/serving.py)
         filled = on_row_tiles(tokens, decodes, tiles, ceiling, fits=False)
         if filled > tokens and cost._replace(margin=0.0).tokens_within(allowed - t_dec, context_start) >= filled:
             return filled
