@@ -30,7 +30,7 @@ from baton.engine.step_budget import RowTiles
 
 from .conftest import PROMPTS, make_engine
 from .gguf_rewrite import rewrite_gguf
-from .quant_data import random_rows
+from .quant_data import engine_here, random_rows
 from .test_native_decode import _compare_each_decode_step
 
 # held out: no prompt of the tests or benchmarks, and prose rather than code
@@ -224,8 +224,7 @@ def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(smal
     """prompt_products="int8" (`auto`'s choice where no AMX tiles are): prompt chunks'
     products on int8 inputs (AVX512-VNNI) in the native step, said in the log; a little
     less accurate than bf16's, still near float32."""
-    if "avx512_vnni" not in native_quant.panel_engines(lib):
-        pytest.skip("no int8 products here: this CPU or its library has no AVX512-VNNI")
+    engine_here(lib, "avx512_vnni")
     with caplog.at_level(logging.INFO, logger="baton.engine.quant.placement"):
         engine = make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64,
                              prompt_products="int8")
