@@ -40,9 +40,18 @@ def _weight(parts, device):
     return w.to(device)
 
 
-def _reference(parts, x):
+def _reference(parts, x, weights_in=torch.float32):
+    """x @ W^T in float64 on the weights the kernel multiplies: the blocks' values, rounded to
+    `weights_in` (on a GPU, bf16 inputs meet bf16 weights in the tensor cores), and each
+    output's sum of |terms| (what its float32 accumulation's rounding grows with)."""
     dense = torch.cat([dequantize_rows(FORMATS[name], torch.from_numpy(raw)) for name, raw in parts])
-    return (x.float().cpu().double() @ dense.double().t()).float()
+    x64, w64 = x.float().cpu().double(), dense.to(weights_in).double()
+    return (x64 @ w64.t()).float(), (x64.abs() @ w64.abs().t()).float()
+
+
+def _weights_in(dtype, device) -> torch.dtype:
+    """The dtype the kernel's products take the weights in (quant_matmul's dot_fp32)."""
+    return torch.float32 if dtype == torch.float32 or device.type != "cuda" else dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -52,10 +61,10 @@ def test_quant_matmul_matches_torch(name, m, n, k, dtype, kernel_device, check):
     parts = [(name, random_rows(FORMATS[name], n, k, seed=n + k))]
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
     got = quant_matmul(x.to(kernel_device), _weight(parts, kernel_device))
-    expected = _reference(parts, x)
-    if dtype == torch.bfloat16:  # bf16 weights meet bf16 inputs: check at bf16's precision
+    expected, magnitude = _reference(parts, x, _weights_in(dtype, kernel_device))
+    if dtype == torch.bfloat16:  # bf16 inputs: check at bf16's precision
         got, expected = got.to(dtype), expected.to(dtype)
-    check(f"quant_matmul_{name}", got.cpu(), expected)
+    check(f"quant_matmul_{name}", got.cpu(), expected, magnitude)
 
 
 def test_quant_matmul_on_parts_of_three_formats(kernel_device, check):
@@ -63,7 +72,7 @@ def test_quant_matmul_on_parts_of_three_formats(kernel_device, check):
              ("Q4_1", random_rows(FORMATS["Q4_1"], 17, 64, 3))]
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
     got = quant_matmul(x.to(kernel_device), _weight(parts, kernel_device))
-    check("quant_matmul_parts", got.cpu(), _reference(parts, x))
+    check("quant_matmul_parts", got.cpu(), *_reference(parts, x))
 
 
 def test_a_matrix_rearranged_for_the_cpu_is_refused():
