@@ -8,6 +8,7 @@ import pytest
 
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
+    CHUNK_LINE_STEPS,
     CONTEXT_FIT_STEPS,
     DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
@@ -540,3 +541,44 @@ def test_a_chunk_fills_its_last_row_tile_where_the_line_alone_still_fits():
     fitted = prefill_token_budget(0.05, 2, steady, ceiling=2048)
     assert prefill_token_budget(0.05, 2, steady, ceiling=2048, tiles=tiles) == on_row_tiles(fitted, 2, tiles, 2048,
                                                                                             fits=True)
+
+
+def amx_like_costs(chunk_steps: int, chunk_per_decode_s: float = 0.0001) -> StepCosts:
+    """Decode-only steps of 5 ms + 3 ms a decode; steps with prompt tokens of 20 ms + 0.2 ms a
+    prompt token + `chunk_per_decode_s` a decode (one pass over the weights takes every row),
+    `chunk_steps` of them beside 1-3 decodes."""
+    costs = StepCosts()
+    for b in (1, 2, 4, 8, 3, 6, 1, 2):
+        costs.observe(b, 0, 0.005 + 0.003 * b)
+    for p in (128, 256):
+        costs.observe(0, p, 0.020 + 0.0002 * p)
+    for i in range(chunk_steps):
+        b, p = 1 + i % 3, 16 + 16 * (i % 5)
+        costs.observe(b, p, 0.020 + chunk_per_decode_s * b + 0.0002 * p)
+    return costs
+
+
+def test_steps_beside_decodes_are_priced_whole_once_enough_are_measured():
+    # a step of P prompt tokens beside B decodes takes 20 ms + 0.1 ms·B + 0.2 ms·P: within
+    # 35 ms, 74 tokens beside 1 or 3 decodes
+    objective, true_s = 0.035, lambda b, p: 0.020 + 0.0001 * b + 0.0002 * p
+    few = amx_like_costs(CHUNK_LINE_STEPS - 1)
+    assert few.chunk_step_cost(1, few.prompt_cost()) is None
+    # priced on top of what its decodes cost in decode-only steps, a step beside three stops
+    # 5 ms short (44 tokens)
+    assert true_s(3, prefill_token_budget(objective, 3, few, ceiling=2048)) < objective - 0.005
+    costs = amx_like_costs(CHUNK_LINE_STEPS)
+    for b in (1, 2, 3):
+        tokens = prefill_token_budget(objective, b, costs, ceiling=2048)
+        assert 68 <= tokens <= 74
+        assert true_s(b, tokens) <= objective
+
+
+def test_a_whole_step_prices_a_decode_at_most_as_decode_only_steps_do():
+    # steps beside decodes that grow by 10 ms a decode (more than decode-only steps' 3 ms) are
+    # priced at 3 ms a decode, their mean kept: a noisy fit cannot make decodes dear
+    costs = amx_like_costs(CHUNK_LINE_STEPS, chunk_per_decode_s=0.010)
+    line = costs.prompt_cost()
+    one, three = costs.chunk_step_cost(1, line), costs.chunk_step_cost(3, line)
+    assert three.fixed - one.fixed == pytest.approx(0.006, abs=1e-4)
+    assert (one.per_token, one.per_context) == (line.per_token, line.per_context)

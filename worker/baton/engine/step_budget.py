@@ -54,6 +54,9 @@ CONTEXT_FIT_STEPS = 8  # prompt steps seen before their attention's share is fit
 # prompt chunk, sized by the line alone, ran to 56-65 ms under a 50 ms objective: their cost
 # also depends on how many decodes ride along, which the line does not see.
 MARGIN_QUANTILE = 0.9
+# Steps beside decodes seen before they are priced whole (`StepCosts.chunk_step_cost`): the
+# steps a budget sizes, twice the prompt line's count, as two more unknowns come from them.
+CHUNK_LINE_STEPS = 16
 
 
 def attention_work(start: int, tokens: int) -> int:
@@ -97,8 +100,8 @@ class StepCosts:
 
     def __init__(self, window: int = 64, alpha: float = 0.2):
         self._decode_steps: deque[tuple[int, float]] = deque(maxlen=window)
-        # (P, W, seconds beyond decodes, decodes)
-        self._prompt_steps: deque[tuple[int, int, float, int]] = deque(maxlen=window)
+        # (P, W, seconds beyond decodes, decodes, seconds)
+        self._prompt_steps: deque[tuple[int, int, float, int, float]] = deque(maxlen=window)
         self._alpha = alpha
         self.prefill_s_per_token: float | None = None  # smoothed mean: what a local prompt token costs
 
@@ -117,7 +120,7 @@ class StepCosts:
             return
         extra = max(seconds - decode_part, 0.0)
         self._prompt_steps.append((prompt_tokens, attention_work(0, prompt_tokens) if work is None else work, extra,
-                                   decodes))
+                                   decodes, seconds))
         if extra <= 0:
             # a step no longer than the decode line's fixed part (a few prompt tokens, with
             # the line known from other steps) says nothing of a token's cost: a rate of zero
@@ -163,7 +166,7 @@ class StepCosts:
         larger chunks). Once CONTEXT_FIT_STEPS steps are in, with the margin those steps ran
         past the fit (its MARGIN_QUANTILE): over the steps beside decodes where there are that
         many, as those are the steps a budget sizes."""
-        steps = [(p, w, t) for p, w, t, _ in self._prompt_steps]
+        steps = [(p, w, t) for p, w, t, _, _ in self._prompt_steps]
         if not steps:
             return None
         cost = _fit_with_context(steps) or _fit_line([(p, t) for p, _, t in steps])
@@ -175,10 +178,38 @@ class StepCosts:
         # worker that ran them at 8-17 ms (1.4-5.7 ms judged beside decodes), and that worker,
         # left with one stream and three prompts waiting, ran 15-31-token chunks in 18-25 ms
         # steps under a 35 ms objective.
-        sized = [(p, w, t) for p, w, t, decodes in self._prompt_steps if decodes]
+        sized = [(p, w, t) for p, w, t, decodes, _ in self._prompt_steps if decodes]
         judged = sized if len(sized) >= CONTEXT_FIT_STEPS else steps
         past = sorted(t - cost.fixed - cost.per_token * p - cost.per_context * w for p, w, t in judged)
         return cost._replace(margin=max(0.0, past[int(MARGIN_QUANTILE * (len(past) - 1))]))
+
+    def chunk_step_cost(self, decodes: int, cost: PromptCost) -> PromptCost | None:
+        """A whole step of prompt chunks beside `decodes` decodes, G + d·B + s·P + a·W, with its
+        own margin: s and a are the prompt line's (`cost`), G and d are fitted on the steps
+        beside decodes once CHUNK_LINE_STEPS are in (None before). The prompt line prices such
+        a step as t_dec(B) + F + s·P + a·W, the decodes at what they cost in decode-only
+        steps; where the step's products take every row in one pass, they ride it nearly
+        free. On two colocated workers of a Xeon with AMX (bench/serving.py) a step beside
+        decodes took 20.6 ms + 0.06 ms a decode + 0.218 ms a prompt token (a direct fit); the
+        line priced steps beside two decodes late in a prompt 4-8 ms high, and their chunks
+        stopped at 14 tokens in 23-26 ms steps under a 35 ms objective. d stays within
+        [0, what a decode costs in decode-only steps] and G ≥ 0: a fit of all four parts on
+        calibration's few steps once gave a per-token cost near zero and an uncapped budget."""
+        sized = [(p, w, b, seconds) for p, w, _, b, seconds in self._prompt_steps if b]
+        if len(sized) < CHUNK_LINE_STEPS:
+            return None
+        one, two = self.decode_step_s(1), self.decode_step_s(2)
+        if one is None or two is None:
+            return None
+        rest = np.asarray([seconds - cost.per_token * p - cost.per_context * w for p, w, _, seconds in sized])
+        batch = np.asarray([b for _, _, b, _ in sized], dtype=np.float64)
+        spread = batch - batch.mean()
+        slope = float(spread @ (rest - rest.mean()) / (spread @ spread)) if spread.any() else 0.0
+        per_decode = min(max(slope, 0.0), max(two - one, 0.0))
+        base = max(float(rest.mean()) - per_decode * float(batch.mean()), 0.0)
+        past = np.sort(rest - base - per_decode * batch)
+        margin = max(0.0, float(past[int(MARGIN_QUANTILE * (len(past) - 1))]))
+        return PromptCost(base + per_decode * decodes, cost.per_token, cost.per_context, margin)
 
 
 def _fit_line(points: list[tuple[int, float]]) -> PromptCost:
@@ -297,10 +328,16 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
     cost = costs.prompt_cost()
     if t_dec is None or cost is None:
         return ceiling
-    fixed, per_token = cost.fixed, cost.marginal(context_start)
+    # the step priced on top of its decodes' own cost (t_dec), or whole once the steps beside
+    # decodes are measured; `fixed`: what prompt tokens add to a step beyond a decode-only one
+    base, fixed = t_dec, cost.fixed
+    whole = costs.chunk_step_cost(decodes, cost)
+    if whole is not None:
+        base, cost, fixed = 0.0, whole, max(whole.fixed - t_dec, 0.0)
+    per_token = cost.marginal(context_start)
 
     def fit(seconds: float) -> float:
-        return cost.tokens_within(seconds - t_dec, context_start)
+        return cost.tokens_within(seconds - base, context_start)
 
     most = fit(bank * tpot_objective_s)  # what the longest allowed step holds
     if most < floor:
@@ -323,6 +360,6 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
         # in 21-25 ms steps under a 35 ms objective (two colocated workers, a Xeon with AMX,
         # bench/serving.py)
         filled = on_row_tiles(tokens, decodes, tiles, ceiling, fits=False)
-        if filled > tokens and cost._replace(margin=0.0).tokens_within(allowed - t_dec, context_start) >= filled:
+        if filled > tokens and cost._replace(margin=0.0).tokens_within(allowed - base, context_start) >= filled:
             return filled
     return on_row_tiles(tokens, decodes, tiles, ceiling, fits=now >= floor)
