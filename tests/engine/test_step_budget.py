@@ -582,3 +582,19 @@ def test_a_whole_step_prices_a_decode_at_most_as_decode_only_steps_do():
     one, three = costs.chunk_step_cost(1, line), costs.chunk_step_cost(3, line)
     assert three.fixed - one.fixed == pytest.approx(0.006, abs=1e-4)
     assert (one.per_token, one.per_context) == (line.per_token, line.per_context)
+
+
+def test_steps_all_beside_one_batch_size_price_other_decodes_as_decode_only_steps_do():
+    # every step beside one decode: d cannot be told, so more decodes cost the decode line's
+    # 3 ms each, and the chunk beside eight is the smaller
+    costs = StepCosts()
+    for b in (1, 2, 4, 8):
+        costs.observe(b, 0, 0.005 + 0.003 * b)
+    for p in (128, 256):
+        costs.observe(0, p, 0.020 + 0.0002 * p)
+    for i in range(CHUNK_LINE_STEPS):
+        costs.observe(1, 16 + 16 * (i % 5), 0.020 + 0.0002 * (16 + 16 * (i % 5)))
+    line = costs.prompt_cost()
+    one, eight = costs.chunk_step_cost(1, line), costs.chunk_step_cost(8, line)
+    assert eight.fixed - one.fixed == pytest.approx(0.021, abs=1e-4)
+    assert prefill_token_budget(0.035, 8, costs, ceiling=2048) < prefill_token_budget(0.035, 1, costs, ceiling=2048)

@@ -193,8 +193,9 @@ class StepCosts:
         decodes took 20.6 ms + 0.06 ms a decode + 0.218 ms a prompt token (a direct fit); the
         line priced steps beside two decodes late in a prompt 4-8 ms high, and their chunks
         stopped at 14 tokens in 23-26 ms steps under a 35 ms objective. d stays within
-        [0, what a decode costs in decode-only steps] and G ≥ 0: a fit of all four parts on
-        calibration's few steps once gave a per-token cost near zero and an uncapped budget."""
+        [0, what a decode costs in decode-only steps] (that bound itself where every step
+        had the same decodes) and G ≥ 0: a fit of all four parts on calibration's few steps
+        once gave a per-token cost near zero and an uncapped budget."""
         sized = [(p, w, b, seconds) for p, w, _, b, seconds in self._prompt_steps if b]
         if len(sized) < CHUNK_LINE_STEPS:
             return None
@@ -204,8 +205,11 @@ class StepCosts:
         rest = np.asarray([seconds - cost.per_token * p - cost.per_context * w for p, w, _, seconds in sized])
         batch = np.asarray([b for _, _, b, _ in sized], dtype=np.float64)
         spread = batch - batch.mean()
-        slope = float(spread @ (rest - rest.mean()) / (spread @ spread)) if spread.any() else 0.0
-        per_decode = min(max(slope, 0.0), max(two - one, 0.0))
+        # with one batch size seen the steps cannot tell d: the decode line's, as the prompt
+        # line prices decodes (smaller chunks beside more decodes than were seen, not larger)
+        most = max(two - one, 0.0)
+        slope = float(spread @ (rest - rest.mean()) / (spread @ spread)) if spread.any() else most
+        per_decode = min(max(slope, 0.0), most)
         base = max(float(rest.mean()) - per_decode * float(batch.mean()), 0.0)
         past = np.sort(rest - base - per_decode * batch)
         margin = max(0.0, float(past[int(MARGIN_QUANTILE * (len(past) - 1))]))
