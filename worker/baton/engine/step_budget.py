@@ -7,7 +7,9 @@ costs are measured from the steps this engine runs: decode-only steps give t_dec
 through recent (B, seconds) points), steps with prompt tokens give g (a line through recent
 (P, seconds beyond t_dec) points) once t_dec is known. Until both are measured no cap
 applies: a cold worker never guesses a budget (and a worker measures both before it serves,
-engine/calibration.py).
+engine/calibration.py). Once enough steps beside decodes are measured, such a step is priced
+whole instead, G + d·B + g's per-token parts (`StepCosts.chunk_step_cost`): where one pass
+over the weights takes every row, decodes ride a prompt chunk's step for far less than t_dec.
 
 T bounds each decode's time per output token as TPOT counts it: over its tokens so far, not
 step by step (`step_allowance_s`). Decode-only steps faster than T save time that a later
