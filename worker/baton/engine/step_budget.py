@@ -182,8 +182,8 @@ class StepCosts:
         # steps under a 35 ms objective.
         sized = [(p, w, t) for p, w, t, decodes, _ in self._prompt_steps if decodes]
         judged = sized if len(sized) >= CONTEXT_FIT_STEPS else steps
-        past = sorted(t - cost.fixed - cost.per_token * p - cost.per_context * w for p, w, t in judged)
-        return cost._replace(margin=max(0.0, past[int(MARGIN_QUANTILE * (len(past) - 1))]))
+        return cost._replace(margin=_margin(t - cost.fixed - cost.per_token * p - cost.per_context * w
+                                            for p, w, t in judged))
 
     def chunk_step_cost(self, decodes: int, cost: PromptCost) -> PromptCost | None:
         """A whole step of prompt chunks beside `decodes` decodes, G + d·B + s·P + a·W, with its
@@ -213,9 +213,14 @@ class StepCosts:
         slope = float(spread @ (rest - rest.mean()) / (spread @ spread)) if spread.any() else most
         per_decode = min(max(slope, 0.0), most)
         base = max(float(rest.mean()) - per_decode * float(batch.mean()), 0.0)
-        past = np.sort(rest - base - per_decode * batch)
-        margin = max(0.0, float(past[int(MARGIN_QUANTILE * (len(past) - 1))]))
-        return PromptCost(base + per_decode * decodes, cost.per_token, cost.per_context, margin)
+        return PromptCost(base + per_decode * decodes, cost.per_token, cost.per_context,
+                          _margin((rest - base - per_decode * batch).tolist()))
+
+
+def _margin(past: Iterable[float]) -> float:
+    """How far steps ran past a cost line, kept in hand by budgets: its MARGIN_QUANTILE, ≥ 0."""
+    ordered = sorted(past)
+    return max(0.0, float(ordered[int(MARGIN_QUANTILE * (len(ordered) - 1))]))
 
 
 def _fit_line(points: list[tuple[int, float]]) -> PromptCost:
