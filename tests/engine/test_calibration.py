@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from baton.engine import SamplingParams
-from baton.engine.calibration import calibrate
-from baton.engine.step_budget import prefill_token_budget
+from baton.engine.calibration import PROMPT_ROUNDS, PROMPT_SIZES, calibrate
+from baton.engine.step_budget import StepCosts, prefill_token_budget
 
 from .conftest import make_engine
 
@@ -24,6 +24,10 @@ def test_a_calibrated_engine_has_its_costs_and_nothing_else(engine_fp32):
     assert cost is not None and cost.per_token > 0 and cost.fixed >= 0
     assert 0 < e.step_costs.decode_step_s(1) <= e.step_costs.decode_step_s(4)
     assert e.step_costs.prefill_s_per_token is None  # a real prompt's to set
+    # each size ran whole beside the eight streams, whatever the budget would have cut it to,
+    # and one step of each size is kept: the median of its rounds
+    beside_eight = [p for p, _, _, decodes, _ in e.step_costs._prompt_steps if decodes == 8]
+    assert sorted(beside_eight) == sorted(PROMPT_SIZES)
     # the budget now caps a prompt beside running decodes at once
     capped = prefill_token_budget(0.001 + e.step_costs.decode_step_s(4), 4, e.step_costs, 2048)
     assert capped < 2048
@@ -34,6 +38,27 @@ def test_a_calibrated_engine_has_its_costs_and_nothing_else(engine_fp32):
     got = [o.token_ids for o in e.generate(prompts, PARAMS)]
     assert got == [o.token_ids for o in engine_fp32.generate(prompts, PARAMS)]
     assert e.blocks.prefix_queries == sum(len(e.tokenize(p)) for p in prompts)  # counted from zero
+
+
+def test_of_steps_alike_the_median_is_kept_and_a_slow_one_moves_nothing():
+    """Calibration's repeated steps: three of each size, one of them slow (a neighbour took
+    the core); the line through the medians is the line through the steady steps."""
+    steady, noisy = StepCosts(), StepCosts()
+    for costs in (steady, noisy):
+        for b in (1, 4, 8):
+            costs.observe(b, 0, 0.01 + 0.001 * b)
+    for r in range(PROMPT_ROUNDS):
+        for tokens in (16, 64, 128):
+            seconds = 0.018 + 0.005 + 0.0003 * tokens
+            steady.observe(8, tokens, seconds)
+            noisy.observe(8, tokens, seconds * (3 if (r, tokens) in ((0, 16), (1, 128)) else 1))
+    assert noisy.prompt_cost().per_token != pytest.approx(steady.prompt_cost().per_token, rel=0.05)
+    steady.keep_median_prompt_steps()
+    noisy.keep_median_prompt_steps()
+    assert noisy.prompt_cost() == pytest.approx(steady.prompt_cost())
+    assert noisy.prompt_cost().per_token == pytest.approx(0.0003)
+    steps = [(p, round(seconds, 6)) for p, _, _, _, seconds in noisy._prompt_steps]
+    assert sorted(steps) == [(16, 0.0278), (64, 0.0422), (128, 0.0614)]
 
 
 def test_an_engine_too_small_for_the_prompts_is_left_unmeasured():

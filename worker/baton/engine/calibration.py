@@ -8,23 +8,36 @@ those first chunks ran uncapped, whole 256-token prompts beside eight decodes, 6
 gaps against a 40 ms objective (bench/serving.py, P/D, a Xeon with AMX). So a worker
 measures both before it serves: a warm-up step (the first ones fault in weights and
 buffers), decode-only steps of one stream, four and eight (a few of each: the line takes
-each size's median), then prompts of a few sizes beside them. The engine is then left as it
-was but for its step costs: no sequences, an empty prefix cache, and its counters as they
+each size's median), then prompts of a few sizes beside them. The prompts run whole, not
+chunked by the budget being measured, three of each size, and of each size the median step
+is kept. One prompt of each, chunked by the budget that the first one's step had set, gave
+chunks of whatever size that first guess allowed, and one slow step among so few points
+tilted the line: over 128 worker starts of bench/serving.py (a Xeon with AMX) a prompt
+token came out at 0.005-0.82 ms, and at 0.005 ms the budget beside four decodes is some
+2,000 tokens. On one core shared with a spinning process (bench/calibration_spread.py, 12
+calibrations each way, in turn) the budget beside four decodes came out at 16-78 tokens
+the old way and 21-25 this way; on the core alone, 60-65 and 47-49 (this way's slope,
+0.27-0.28 ms a token, is what steps of 16 and 64 prompt tokens beside eight decodes differ
+by in bench/mixed_steps.py). The engine is then left as it was but for its step costs: no sequences, an empty prefix cache, and its counters as they
 were (the made-up steps are not counted). A pool too small for eight streams beside the
 prompts preempts and recomputes some of them, and still comes back empty.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from baton.engine.sampling import SamplingParams
 from baton.engine.step_budget import StepCosts
 
 PROMPT_SIZES = (16, 64, 128)  # prompt tokens of the steps measured beside the decodes
 DECODE_BATCHES = (1, 4, 8)  # decodes running, in turn
+PROMPT_ROUNDS = 3  # steps of each size: their median is the one kept
 DECODE_STEPS = 3  # decode-only steps measured at each (a median: one slow step is outvoted)
-STEP_LIMIT = 64  # steps the whole calibration may take (a prompt chunked by the budget takes several)
+STEP_LIMIT = 64  # steps one calibration prompt may take (where the scheduler chunks it)
 
 
 def calibrate(engine) -> str:
@@ -53,8 +66,11 @@ def calibrate(engine) -> str:
                                    f"calibration-decode-{len(engine.sequences)}")
             for _ in range(1 + DECODE_STEPS):  # the new streams' prompts, then decodes alone
                 engine.step()
-        for k, n in enumerate(sizes):
-            _run_to_end(engine, f"calibration-{n}", prompt(n, 100 + k), max_tokens=1)
+        with _budget_lifted(engine):
+            for r in range(PROMPT_ROUNDS):  # sizes back and forth: a slow spell hits them alike
+                for k, n in enumerate(sizes if r % 2 == 0 else sizes[::-1]):
+                    _run_to_end(engine, f"calibration-{n}-{r}", prompt(n, 100 + len(sizes) * r + k), max_tokens=1)
+        engine.step_costs.keep_median_prompt_steps()
     finally:
         engine._forget_requests()
         engine.stats = counters
@@ -73,6 +89,17 @@ def calibrate(engine) -> str:
                if one is not None else "")
     return (f"calibrated in {took:.2f} s: {decodes}prompt tokens add {cost.fixed * 1e3:.1f} ms + "
             f"{cost.per_token * 1e3:.3f} ms each")
+
+
+@contextmanager
+def _budget_lifted(engine) -> Iterator[None]:
+    """The engine with no per-step prompt budget: each prompt in one step, of the size asked."""
+    config = engine.config
+    engine.config = dataclasses.replace(config, tpot_objective_s=None)
+    try:
+        yield
+    finally:
+        engine.config = config
 
 
 def _run_to_end(engine, request_id: str, prompt: list[int], max_tokens: int) -> None:

@@ -132,6 +132,16 @@ class StepCosts:
         old = self.prefill_s_per_token
         self.prefill_s_per_token = sample if old is None else (1 - self._alpha) * old + self._alpha * sample
 
+    def keep_median_prompt_steps(self) -> None:
+        """Of prompt steps alike (the same tokens, attention work and decodes), keep the
+        median one: calibration's repeated steps, one point per size that one slow step
+        (a neighbour process taking the core) does not move."""
+        alike: dict[tuple[int, int, int], list[tuple[int, int, float, int, float]]] = {}
+        for step in self._prompt_steps:
+            alike.setdefault((step[0], step[1], step[3]), []).append(step)
+        kept = [sorted(steps, key=lambda s: s[4])[(len(steps) - 1) // 2] for steps in alike.values()]
+        self._prompt_steps = deque(kept, maxlen=self._prompt_steps.maxlen)
+
     def forget_decode_steps(self) -> None:
         """Drop the decode-only steps seen (a worker that will not decode: its prompt steps
         then count whole, the step's own overhead included)."""
