@@ -86,7 +86,8 @@ class AsyncEngine:
         """Add a request and yield its outputs until it finishes; aborts it if abandoned."""
         q = self.open_stream(request_id)
         try:
-            await self.call(lambda e: e.add_request(prompt, params, request_id, prefill_only))
+            arrived = time.monotonic()
+            await self.call(lambda e: e.add_request(prompt, params, request_id, prefill_only, arrived))
         except BaseException:
             self.close_stream(request_id)
             raise

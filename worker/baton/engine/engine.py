@@ -225,11 +225,16 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         prefill_only: bool = False,
+        arrival_time: float | None = None,
     ) -> str:
         """Queue a request. With `prefill_only` it stops after its first token and keeps its
-        KV blocks (status HELD) until `release` — the prefill side of a handoff."""
+        KV blocks (status HELD) until `release` — the prefill side of a handoff.
+        `arrival_time`: when it reached the worker (time.monotonic()), where that was before
+        this call: a server queues requests for the step loop, which takes them between steps."""
         seq = self._new_sequence(prompt, params or SamplingParams(), request_id)
         seq.prefill_only = prefill_only
+        if arrival_time is not None:
+            seq.arrival_time = min(arrival_time, seq.arrival_time)
         self._register(seq)
         self.scheduler.add(seq)
         return seq.request_id

@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -196,9 +197,10 @@ def create_app(worker: Worker, start_worker: bool = True) -> FastAPI:
         w.check_request_id_free(rid)
         w.book.open(rid)
         _, started = waiter = w.admissions.waiter()
+        arrived = time.monotonic()
 
         def add(engine) -> None:
-            engine.add_request(ids, sp, rid)
+            engine.add_request(ids, sp, rid, arrival_time=arrived)
             w.admissions.watch(rid, waiter)
 
         try:

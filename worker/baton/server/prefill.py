@@ -218,8 +218,10 @@ class PrefillService:
 
         held_params = replace(params, max_tokens=max(2, params.max_tokens), stop=[], stop_token_ids=[], ignore_eos=True)
 
+        arrived = time.monotonic()
+
         def add_on_engine(engine):
-            engine.add_request(prompt_ids, held_params, request_id, prefill_only=True)
+            engine.add_request(prompt_ids, held_params, request_id, prefill_only=True, arrival_time=arrived)
             seq = engine.sequences[request_id]
             seq.layer_listener = handoff.listener(seq)  # before its first step
             seq.rank_export = rank_export
