@@ -18,9 +18,10 @@ token came out at 0.005-0.82 ms, and at 0.005 ms the budget beside four decodes 
 calibrations each way, in turn) the budget beside four decodes came out at 16-78 tokens
 the old way and 21-25 this way; on the core alone, 60-65 and 47-49 (this way's slope,
 0.27-0.28 ms a token, is what steps of 16 and 64 prompt tokens beside eight decodes differ
-by in bench/mixed_steps.py). The engine is then left as it was but for its step costs: no sequences, an empty prefix cache, and its counters as they
-were (the made-up steps are not counted). A pool too small for eight streams beside the
-prompts preempts and recomputes some of them, and still comes back empty.
+by in bench/mixed_steps.py). The engine is then left as it was but for its step costs: no
+sequences, an empty prefix cache, and its counters as they were (the made-up steps are not
+counted). A pool too small for eight streams beside the prompts preempts and recomputes some
+of them, and still comes back empty.
 """
 
 from __future__ import annotations
