@@ -2,8 +2,9 @@
 measures now against the way it measured before: prompts chunked by the very budget being
 measured, one of each size, every step kept ("budgeted"), or whole, three of each size and
 their median kept ("whole", the current code). The bundled model as `baton up` serves it,
-one thread; the two ways take turns, `--runs` each. Per run: the decode line at 1 and 8 streams, the prompt line's fixed part and
-per-token cost, and the budget that results beside 4 decodes under the default objective.
+one thread; the two ways take turns, `--runs` each. Per run: the decode line at 1 and 8
+streams, the prompt line's fixed part and per-token cost, and the budget that results
+beside 4 decodes under the default objective.
 `--neighbour` shares the core with a spinning process, as two workers starting together on a
 two-core machine, with the router and a client, share theirs.
 
