@@ -97,13 +97,23 @@ class PromptCost(NamedTuple):
         return 2 * room / (linear + math.sqrt(linear * linear + 4 * square * room))
 
 
+class PromptStep(NamedTuple):
+    """One measured step with prompt tokens: its tokens, their attention work
+    (`attention_work`), the seconds beyond its decodes' own cost, its decodes, its seconds."""
+
+    tokens: int
+    work: int
+    extra: float
+    decodes: int
+    seconds: float
+
+
 class StepCosts:
     """Online estimates of t_dec(B) and of prompt chunks' cost from the engine's own steps."""
 
     def __init__(self, window: int = 64, alpha: float = 0.2):
         self._decode_steps: deque[tuple[int, float]] = deque(maxlen=window)
-        # (P, W, seconds beyond decodes, decodes, seconds)
-        self._prompt_steps: deque[tuple[int, int, float, int, float]] = deque(maxlen=window)
+        self._prompt_steps: deque[PromptStep] = deque(maxlen=window)
         self._alpha = alpha
         self.prefill_s_per_token: float | None = None  # smoothed mean: what a local prompt token costs
 
@@ -121,8 +131,8 @@ class StepCosts:
         if decode_part is None:
             return
         extra = max(seconds - decode_part, 0.0)
-        self._prompt_steps.append((prompt_tokens, attention_work(0, prompt_tokens) if work is None else work, extra,
-                                   decodes, seconds))
+        self._prompt_steps.append(PromptStep(prompt_tokens, attention_work(0, prompt_tokens) if work is None else work,
+                                             extra, decodes, seconds))
         if extra <= 0:
             # a step no longer than the decode line's fixed part (a few prompt tokens, with
             # the line known from other steps) says nothing of a token's cost: a rate of zero
@@ -136,10 +146,10 @@ class StepCosts:
         """Of prompt steps alike (the same tokens, attention work and decodes), keep the
         median one: calibration's repeated steps, one point per size that one slow step
         (a neighbour process taking the core) does not move."""
-        alike: dict[tuple[int, int, int], list[tuple[int, int, float, int, float]]] = {}
+        alike: dict[tuple[int, int, int], list[PromptStep]] = {}
         for step in self._prompt_steps:
-            alike.setdefault((step[0], step[1], step[3]), []).append(step)
-        kept = [sorted(steps, key=lambda s: s[4])[(len(steps) - 1) // 2] for steps in alike.values()]
+            alike.setdefault((step.tokens, step.work, step.decodes), []).append(step)
+        kept = [sorted(steps, key=lambda s: s.seconds)[(len(steps) - 1) // 2] for steps in alike.values()]
         self._prompt_steps = deque(kept, maxlen=self._prompt_steps.maxlen)
 
     def forget_decode_steps(self) -> None:
