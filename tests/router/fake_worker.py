@@ -28,6 +28,7 @@ class FakeWorker:
         self.queue_timeouts = 0  # answer this many generate calls 429 queue_timeout (pool full)
         self.prefill_seconds_per_token: float | None = None  # its own rate, as its state says
         self.prefill_delay_s = 0.0  # how long a prefill takes
+        self.first_token_delay_s = 0.0  # how long a generate call prefills before its first token
         self.calls: list[tuple[str, str]] = []  # (path, request_id)
         self.aborted: list[str] = []
         self.reserved: dict[str, dict] = {}
@@ -87,7 +88,8 @@ class FakeWorker:
             error = {"message": f"no room to run {body['request_id']!r} within 1s", "type": "overloaded",
                      "code": "queue_timeout"}
             return web.json_response({"error": error}, status=429)
-        return await self._stream(request, body["request_id"], body["prompt_token_ids"], body["params"])
+        return await self._stream(request, body["request_id"], body["prompt_token_ids"], body["params"],
+                                  self.first_token_delay_s)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         rid = request.match_info["request_id"]
@@ -95,10 +97,11 @@ class FakeWorker:
         body = self.reserved.pop(rid)
         return await self._stream(request, rid, body["prompt_token_ids"], body["params"])
 
-    async def _stream(self, request, rid, prompt, params) -> web.StreamResponse:
+    async def _stream(self, request, rid, prompt, params, first_token_delay_s: float = 0.0) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         tokens = self.continuation(prompt, params)
+        await asyncio.sleep(first_token_delay_s)
         for i, token in enumerate(tokens):
             if self.die_after_tokens is not None and i >= self.die_after_tokens:
                 self.die_after_tokens = None

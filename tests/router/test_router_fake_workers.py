@@ -91,6 +91,31 @@ async def test_a_burst_of_remote_prompts_reserves_evenly_across_decode_workers(f
     assert sorted([len(d1.paths("reserve")), len(d2.paths("reserve"))]) == [4, 4]
 
 
+async def test_a_prompt_goes_to_the_colocated_worker_with_no_prompt_waiting_to_prefill(fake_workers, model_info):
+    """Two colocated workers with one request each: the one still prefilling its prompt is
+    passed over for the one already decoding (policy.rank_decode), whichever sorts first."""
+    first, second = sorted([await fake_workers("both"), await fake_workers("both")], key=lambda x: x.url)
+    first.first_token_delay_s = 2.0  # its request is still prefilling when the third comes
+    second.token_delay_s = 0.05  # its request decodes for a second
+    async with running_router(model_info, [first.url, second.url]) as url:
+        api = client(url)
+        prefilling = asyncio.create_task(api.completions.create(model="smollm2", prompt=[100] * 40, max_tokens=4))
+        await wait_for_calls(first, "generate", 1)
+        decoding = await api.completions.create(model="smollm2", prompt=[101] * 40, max_tokens=20, stream=True)
+        await anext(aiter(decoding))  # its first token: nothing left to prefill there
+        await api.completions.create(model="smollm2", prompt=[102] * 40, max_tokens=2)
+        await collect(decoding)
+        await prefilling
+    assert (len(first.paths("generate")), len(second.paths("generate"))) == (1, 2)
+
+
+async def wait_for_calls(worker, path: str, count: int, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while len(worker.paths(path)) < count:
+        assert asyncio.get_running_loop().time() < deadline, f"{worker.url} got no {path} call in {timeout_s}s"
+        await asyncio.sleep(0.01)
+
+
 async def test_prefill_pool_down_falls_back_to_local(fake_workers, model_info, expected):
     decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
     prefill.fail_prefills = 5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -61,6 +62,34 @@ def test_decode_routing_by_prefix_leaves_the_load_order_where_nothing_is_cached_
     full = [w("a", running=0, kv_usage=0.99), w("b", running=1)]
     assert [x.url for x in rank_decode(full, set(), [7, 8], index)] == ["b", "a"]  # a would refuse
     assert [x.url for x in rank_decode(workers, {"a"}, [7, 8], index)] == ["b"]
+
+
+def test_a_burst_goes_where_no_prompt_waits_to_prefill_while_loads_are_near():
+    # a freed two slots and took the burst's first prompt; it prefills that one beside its streams
+    busy = w("a", role="both", running=2, inflight=1, inflight_prompts=(256,))
+    idle = w("b", role="both", running=4)
+    index = PrefixIndex()
+    assert [x.url for x in rank_decode([busy, idle], set(), [1], index, prompt_tokens=256)] == ["b", "a"]
+    assert [x.url for x in rank_decode([busy, idle])] == ["a", "b"]  # routing by load alone
+    # two more requests than the least busy: the load decides, prompt work or not
+    assert [x.url for x in rank_decode([busy, replace(idle, running=5)], set(), [1], index)] == ["a", "b"]
+    # less work waiting first, then fewer requests
+    light = w("c", role="both", running=2, inflight=1, inflight_prompts=(64,))
+    assert [x.url for x in rank_decode([busy, light, idle], set(), [1], index)] == ["b", "c", "a"]
+
+
+def test_prompt_work_ahead_counts_what_each_worker_holds_cached():
+    index = PrefixIndex()
+    turn = list(range(64))  # 64 blocks of 16 tokens: a conversation's history and its new turn
+    index.record("a", turn[:60])
+    history_here = w("a", role="both", running=2, inflight=1, inflight_prompts=(256,))
+    other = w("b", role="both", running=2)
+    # 256 waiting + 64 uncached at a, against all 1,024 at b
+    assert rank_decode([history_here, other], set(), turn, index, prompt_tokens=1024, block_size=16)[0].url == "a"
+    # a short prompt's history is worth less than a prompt waiting ahead of it
+    short = list(range(100, 108))
+    index.record("a", short[:4])
+    assert rank_decode([history_here, other], set(), short, index, prompt_tokens=128, block_size=16)[0].url == "b"
 
 
 def test_affinity_slack():
@@ -162,6 +191,16 @@ def test_the_pool_keeps_each_outstanding_prompt_it_sent_to_prefill():
     pool.end("p", 64)
     pool.end("p", 64)  # ended twice: nothing below zero
     assert pool.snapshots()[0].inflight_prompts == () and pool.snapshots()[0].inflight == 0
+
+
+def test_a_local_prompt_stops_counting_as_prompt_work_at_its_first_token():
+    pool = WorkerPool(client=None)
+    pool.set_members([Membership("c", "both")])
+    pool.begin("c", 256)
+    pool.prefilled("c", 256)
+    assert pool.snapshots()[0].inflight_prompts == () and pool.snapshots()[0].inflight == 1
+    pool.end("c", 0)
+    assert pool.snapshots()[0].inflight == 0
 
 
 def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():

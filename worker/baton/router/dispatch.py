@@ -110,7 +110,7 @@ class Dispatcher:
     # -- one attempt -------------------------------------------------------------------------
     async def _attempt(self, rid: str, prompt: list[int], params: dict) -> AsyncIterator[Chunk]:
         hashes = block_hashes(prompt, self.block_size)
-        decode = await self._decode_candidates(hashes=hashes)
+        decode = await self._decode_candidates(hashes=hashes, prompt_tokens=len(prompt))
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
         queued = prefill_queue_ahead(prefill[0].inflight_prompts, len(prompt) - cached,
@@ -126,20 +126,22 @@ class Dispatcher:
                 return
             except _FallBackLocal:
                 self.metrics.retries.labels("fallback_local").inc()
-                decode = await self._decode_candidates(hashes=hashes)
+                decode = await self._decode_candidates(hashes=hashes, prompt_tokens=len(prompt))
                 rid = f"{rid}-local"  # ids are single-use on a worker that saw a reservation
         async with aclosing(self._local(rid, prompt, params, hashes, decode[0].url)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
-    async def _decode_candidates(self, exclude: set[str] = frozenset(),
-                                 hashes: list[int] | None = None) -> list[WorkerSnapshot]:
-        """Decode workers, best first; with the prompt's `hashes`, the one holding its longest
-        cached prefix first where loads allow (the path where it prefills in place)."""
+    async def _decode_candidates(self, exclude: set[str] = frozenset(), hashes: list[int] | None = None,
+                                 prompt_tokens: int = 0) -> list[WorkerSnapshot]:
+        """Decode workers, best first; where loads allow, the one with the least prompt work
+        ahead of this prompt's first token there (the path where it prefills in place): the
+        prompts it is still to prefill, and of this one (`prompt_tokens`, its block `hashes`)
+        what it does not hold cached."""
         deadline = time.monotonic() + self.deadlines.no_worker_wait_s
         while True:
-            ranked = rank_decode(self.pool.snapshots(), exclude, hashes if self.prefix_affinity else None,
-                                 self.index)
+            ranked = (rank_decode(self.pool.snapshots(), exclude, hashes, self.index, prompt_tokens, self.block_size)
+                      if self.prefix_affinity else rank_decode(self.pool.snapshots(), exclude))
             if ranked:
                 return ranked
             left = deadline - time.monotonic()
@@ -150,15 +152,21 @@ class Dispatcher:
     async def _local(self, rid: str, prompt: list[int], params: dict, hashes: list[int],
                      url: str) -> AsyncIterator[Chunk]:
         self.metrics.routes.labels("local").inc()
+        # counted as prompt work there until its first token, so that the next prompts of a
+        # burst go where none is waiting (policy.rank_decode)
+        to_prefill = len(prompt) - self.index.cached_blocks(url, hashes) * self.block_size
         self.index.record(url, hashes)
-        self.pool.begin(url)
+        self.pool.begin(url, to_prefill)
         try:
             events = self.client.generate(url, rid, prompt, params)
             async with aclosing(self._relay(url, rid, events, path="local")) as chunks:
                 async for chunk in chunks:
+                    if chunk.token_ids and to_prefill:
+                        self.pool.prefilled(url, to_prefill)
+                        to_prefill = 0
                     yield chunk
         finally:
-            self.pool.end(url)
+            self.pool.end(url, to_prefill)
 
     async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
         """A reservation on the best decode worker with room: its address and ticket; the

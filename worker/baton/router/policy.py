@@ -25,7 +25,7 @@ class WorkerSnapshot:
     reserved: int = 0  # KV reservations for prompts prefilling elsewhere: they will decode here
     kv_usage: float = 0.0
     inflight: int = 0  # requests this router has outstanding there (fresher than a poll)
-    inflight_prompts: tuple[int, ...] = ()  # of which the prompt tokens still to prefill (prefill workers)
+    inflight_prompts: tuple[int, ...] = ()  # of which the prompt tokens still to prefill there, prompt by prompt
     chunk_size: int = 0  # its longest prompt chunk (0: whole prompts), from its state
     prefill_s_per_token: float | None = None  # its own measured cost of a prompt token
     inflight_at_poll: int = 0  # this router's outstanding requests there when it last polled
@@ -46,25 +46,36 @@ class WorkerSnapshot:
 
 
 def rank_decode(workers: Iterable[WorkerSnapshot], exclude: set[str] = frozenset(),
-                prompt_hashes: list[int] | None = None, index: PrefixIndex | None = None) -> list[WorkerSnapshot]:
-    """Decode candidates, best first: room in the KV pool, then fewest running requests,
-    then the most free KV. Given the prompt's block hashes and the index, a worker that
-    holds a longer cached prefix of it goes first while it runs at most `affinity_slack`
-    more requests than the least busy worker with room: where the request prefills in
-    place (colocated workers, a short uncached rest), the cached part is not computed
-    again, and a conversation's next turn finds its history where it left it."""
+                prompt_hashes: list[int] | None = None, index: PrefixIndex | None = None,
+                prompt_tokens: int = 0, block_size: int = 0) -> list[WorkerSnapshot]:
+    """Decode candidates, best first: room in the KV pool, then fewest requests at work,
+    then the most free KV. Among the workers with room that run at most `affinity_slack`
+    more requests than the least busy one, the one with the least prompt work ahead of this
+    request's first token goes first: the prompt tokens this router sent there that are not
+    prefilled yet (a colocated worker prefills them in turn, beside its decodes), plus the
+    tokens of this prompt (`prompt_tokens`) it does not hold cached, by the prompt's block
+    hashes and the index; then the longer cached prefix. So a burst of prompts spreads over
+    workers that are equally loaded instead of queuing at the one that freed its slots, and
+    a conversation's next turn finds its history where it left it. Without an index: by
+    load alone."""
     eligible = [w for w in workers if w.accepts_work and w.role in DECODE_ROLES and w.url not in exclude]
     by_load = sorted(eligible, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.current, w.kv_usage, w.url))
-    if not prompt_hashes or index is None:
-        return by_load
-    cached = {w.url: index.cached_blocks(w.url, prompt_hashes) for w in by_load}
     roomy = [w for w in by_load if w.kv_usage < KV_NEARLY_FULL]
-    if not roomy or not any(cached[w.url] for w in roomy):
+    if index is None:  # by load alone
+        return by_load
+    cached = {w.url: index.cached_blocks(w.url, prompt_hashes) if prompt_hashes else 0 for w in roomy}
+    if not any(cached.values()) and not any(w.inflight_prompts for w in roomy):
         return by_load
     least = min(w.current for w in roomy)
     near = {w.url for w in roomy if w.current <= least + affinity_slack(least)}
-    return sorted(by_load, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.url not in near,
-                                          -cached[w.url] if w.url in near else 0))
+
+    def work_ahead(w: WorkerSnapshot) -> tuple[int, int]:
+        if w.url not in near:
+            return 0, 0
+        uncached = max(prompt_tokens - cached[w.url] * block_size, 0)
+        return sum(w.inflight_prompts) + uncached, -cached[w.url]
+
+    return sorted(by_load, key=lambda w: (w.kv_usage >= KV_NEARLY_FULL, w.url not in near, work_ahead(w)))
 
 
 def affinity_slack(least_busy: int) -> int:

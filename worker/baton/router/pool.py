@@ -75,11 +75,18 @@ class WorkerPool:
         if tokens > 0:
             self._inflight_prompts.setdefault(url, []).append(tokens)
 
-    def end(self, url: str, tokens: int = 0) -> None:
-        self._inflight[url] = max(0, self._inflight.get(url, 0) - 1)
+    def prefilled(self, url: str, tokens: int) -> None:
+        """A prompt of `tokens` begun at `url` has its first token: nothing of it is left to
+        prefill there, though the request stays outstanding."""
         prompts = self._inflight_prompts.get(url, [])
         if tokens > 0 and tokens in prompts:
             prompts.remove(tokens)
+
+    def end(self, url: str, tokens: int = 0) -> None:
+        """A request begun at `url` is over; `tokens`: its prompt tokens, if still counted
+        there as waiting to prefill."""
+        self._inflight[url] = max(0, self._inflight.get(url, 0) - 1)
+        self.prefilled(url, tokens)
 
     def mark_failed(self, url: str) -> None:
         """A request failed to reach the worker: no new work until a poll succeeds."""
