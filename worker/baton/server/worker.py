@@ -14,6 +14,7 @@ from baton.kv.transport import select_transport
 from baton.server.admissions import Admissions
 from baton.server.drain import Lifecycle
 from baton.server.errors import ApiError, conflict
+from baton.server.heap import freeze_startup_heap
 from baton.server.intake import KVIntake
 from baton.server.metrics import WorkerMetrics
 from baton.server.migration import Migrator
@@ -89,6 +90,7 @@ class Worker:
         self.lifecycle = Lifecycle(self.ae, self.migrator, self.metrics, role=s.role, start_shape=shape, peers=s.peers,
                                    regroup=self._regroup)
         self._janitor = asyncio.get_running_loop().create_task(self._janitor_loop())
+        log.info("worker %s: startup heap frozen for the collector %s", s.name, freeze_startup_heap())
         log.info("worker %s ready: role %s, %d KV blocks, kv %s", s.name, s.role,
                  self.engine.runner.num_blocks, self.intake.kv_endpoint)
 
