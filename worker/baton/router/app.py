@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -25,9 +24,6 @@ from baton.router.protocol import ApiError
 from baton.router.threshold import ThresholdEstimator
 from baton.router.tokenizing import ModelInfo
 from baton.router.worker_client import WorkerClient
-from baton.server.heap import freeze_startup_heap
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,7 +61,6 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
     async def lifespan(app: FastAPI):
         tasks = [asyncio.create_task(discovery.run(pool), name="discovery"),
                  asyncio.create_task(pool.run(), name="worker-poll")]
-        log.info("router: startup heap frozen for the collector %s", freeze_startup_heap())
         try:
             yield
         finally:

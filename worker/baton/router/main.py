@@ -8,6 +8,7 @@ import os
 
 from baton.router.auth import is_loopback
 from baton.router.threshold import parse_threshold
+from baton.server.heap import freeze_startup_heap
 
 log = logging.getLogger("baton.router")
 
@@ -115,5 +116,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(args)
     warn_if_open(args.host, args.api_key)
+    # this process serves until it stops: what it holds now is never garbage (server/heap.py)
+    log.info("router: startup heap frozen for the collector %s", freeze_startup_heap())
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **SERVER_OPTIONS)
     return 0
