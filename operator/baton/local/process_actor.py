@@ -60,6 +60,13 @@ class ServerProcess:
         """The server's exit code, or None while it runs."""
         return None if self.proc is None else self.proc.poll()
 
+    def wait_exit(self) -> int | None:
+        """Block until the server started last exits: its exit code (None if none started).
+        Runs beside the other methods (the actor is threaded, runtime.py), so a supervisor
+        learns of an exit from one pending call instead of a poll call every half second."""
+        proc = self.proc
+        return None if proc is None else proc.wait()
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
