@@ -9,6 +9,7 @@ import pytest
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
     CHUNK_LINE_STEPS,
+    COLOCATED_BANK_OBJECTIVES,
     CONTEXT_FIT_STEPS,
     DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
@@ -17,6 +18,7 @@ from baton.engine.step_budget import (
     RowTiles,
     StepCosts,
     attention_work,
+    default_bank_objectives,
     on_row_tiles,
     prefill_token_budget,
     prompt_batch_tokens,
@@ -239,7 +241,31 @@ def test_allowance_is_never_below_the_objective_nor_above_its_bank_limit():
     assert step_allowance_s(0.1, [(1000, 1.0)], BANK) == pytest.approx(0.1 * BANK)
 
 
+def test_a_colocated_worker_banks_by_default_and_the_others_do_not():
+    assert default_bank_objectives("decode") == default_bank_objectives("prefill") == DEFAULT_BANK_OBJECTIVES
+    assert default_bank_objectives("both") == COLOCATED_BANK_OBJECTIVES
+    assert 1 < COLOCATED_BANK_OBJECTIVES < 2  # a step past the objective, bounded
+    assert EngineConfig(role="decode").bank_objectives == DEFAULT_BANK_OBJECTIVES
+    assert EngineConfig(role="both").bank_objectives == COLOCATED_BANK_OBJECTIVES
+    assert EngineConfig(role="both", tpot_bank_objectives=1.0).bank_objectives == 1.0  # told: kept
+    converted = EngineConfig(role="decode")
+    converted.role = "both"  # the default follows the role it runs as now
+    assert converted.bank_objectives == COLOCATED_BANK_OBJECTIVES
+    with pytest.raises(ValueError, match="tpot_bank_objectives"):
+        EngineConfig(tpot_bank_objectives=0.5).validate()
+
+
+def test_a_colocated_step_may_spend_saved_time_up_to_its_bank():
+    # saved 0.3 s against a 100 ms objective: one step may run to 140 ms, no further
+    assert step_allowance_s(0.1, [(5, 0.2)], COLOCATED_BANK_OBJECTIVES) == pytest.approx(0.14)
+    assert step_allowance_s(0.1, [(0, 0.0)], COLOCATED_BANK_OBJECTIVES) == pytest.approx(0.1)  # fresh
+    costs = costs_of(0.02, 0.005, 0.001)  # 8 decodes take 60 ms, 1 ms per prompt token
+    assert prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.4,
+                                bank=COLOCATED_BANK_OBJECTIVES) == pytest.approx(80, abs=2)
+
+
 def test_by_default_no_step_runs_past_the_objective():
+    """A decode or prefill worker's default bank."""
     assert DEFAULT_BANK_OBJECTIVES == 1.0
     assert step_allowance_s(0.1, [(5, 0.2)]) == pytest.approx(0.1)  # saved 0.3 s: not spent
     costs = costs_of(0.02, 0.005, 0.001)  # 8 decodes take 60 ms, 1 ms per prompt token

@@ -76,6 +76,14 @@ def test_tpot_objective_reaches_the_engine_and_bad_values_name_the_flag():
             WorkerSettings(tpot_objective_s=bad).validate()
 
 
+def test_the_bank_is_the_roles_unless_given_and_bad_values_name_the_flag():
+    assert WorkerSettings().engine_settings()["tpot_bank_objectives"] is None  # the engine's role default
+    assert WorkerSettings(tpot_bank_objectives=1.2).engine_settings()["tpot_bank_objectives"] == 1.2
+    for bad in (0.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="--tpot-bank-objectives"):
+            WorkerSettings(tpot_bank_objectives=bad).validate()
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "worker-0.example"])
 def test_insecure_mode_is_refused_off_loopback(host):
     with pytest.raises(ValueError, match=f"--insecure-no-token serves an open API.*got '{host}'"):

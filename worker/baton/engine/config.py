@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
-from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
+from baton.engine.step_budget import default_bank_objectives
 
 ROLES = ("prefill", "decode", "both")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -101,8 +101,9 @@ class EngineConfig:
     # (measured step costs; None or 0 = no cap beyond max_num_batched_tokens). A TPOT SLO, where
     # one is set (`baton up --slo`, --autoscale, a PDDeployment), replaces it.
     tpot_objective_s: float | None = DEFAULT_TPOT_OBJECTIVE_S
-    # the longest step time saved against it may buy, in objectives (step_budget.py; 1: none)
-    tpot_bank_objectives: float = DEFAULT_BANK_OBJECTIVES
+    # the longest step time saved against it may buy, in objectives (step_budget.py; 1: none;
+    # None: the role's default, default_bank_objectives)
+    tpot_bank_objectives: float | None = None
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     role: str = "both"
@@ -115,6 +116,11 @@ class EngineConfig:
     tensor_parallel_timeout_s: float = 60.0  # longest wait in one collective or command
     tensor_parallel_start_timeout_s: float = 300.0  # ranks joining and loading their slices
     extra: dict = field(default_factory=dict)
+
+    @property
+    def bank_objectives(self) -> float:
+        """`tpot_bank_objectives`, or this role's default where it is None."""
+        return default_bank_objectives(self.role) if self.tpot_bank_objectives is None else self.tpot_bank_objectives
 
     @property
     def keeps_quantized(self) -> bool:
@@ -136,7 +142,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.chunk_size < 0:
             raise ValueError(f"chunk_size must be >= 0 (0 = whole prompts), got {self.chunk_size}")
-        if not 1 <= self.tpot_bank_objectives < math.inf:
+        if self.tpot_bank_objectives is not None and not 1 <= self.tpot_bank_objectives < math.inf:
             raise ValueError(f"tpot_bank_objectives must be a finite number >= 1 (1: no step past the objective), "
                              f"got {self.tpot_bank_objectives!r}")
         if self.tpot_objective_s is not None and not (0 <= self.tpot_objective_s < math.inf):

@@ -318,7 +318,7 @@ class Engine:
         paces = [(seq.num_completion_tokens - seq.paced_from[1], now - seq.paced_from[0])
                  for seq in decoding if seq.paced_from is not None]
         deferred = now - self._prompts_deferred_since if self._prompts_deferred_since is not None else 0.0
-        bank = self.config.tpot_bank_objectives
+        bank = self.config.bank_objectives
         # the next chunk is the first running prompt's (the scheduler's order), else a new one's
         start = next((seq.num_computed_tokens for seq in self.scheduler.running if seq.in_prefill), 0)
         return prefill_token_budget(objective, len(decoding), self.step_costs, self.config.max_num_batched_tokens,

@@ -7,7 +7,7 @@ import os
 import sys
 
 from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, PROMPT_PRODUCTS, QUANTIZATIONS
-from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
+from baton.engine.step_budget import COLOCATED_BANK_OBJECTIVES, DEFAULT_BANK_OBJECTIVES
 from baton.kv.transport import TOKEN_ENV
 from baton.server.settings import KV_TRANSPORTS, WorkerSettings
 
@@ -45,10 +45,12 @@ def add_arguments(parser) -> None:
                         help="cap prompt tokens per step so running decodes keep this time per "
                         "output token, each gap between tokens too (from measured step costs; "
                         "0: no cap)")
-    parser.add_argument("--tpot-bank-objectives", type=float, default=DEFAULT_BANK_OBJECTIVES,
+    parser.add_argument("--tpot-bank-objectives", type=float, default=None,
                         help="the longest step that time saved against the objective may buy, in "
                         "objectives: 1 keeps every step within it (each gap between tokens), more "
-                        "lets a prompt run in fewer, larger chunks")
+                        "lets a prompt run in fewer, larger chunks (default: "
+                        f"{COLOCATED_BANK_OBJECTIVES:g} on a colocated worker, role both, whose prompts "
+                        f"have no other worker; {DEFAULT_BANK_OBJECTIVES:g} otherwise)")
     parser.add_argument("--commit-hold", type=float, default=0.5,
                         help="a decode worker waits up to this fraction of a step before starting "
                         "one, for a prompt whose KV is due that soon (from the pace its layers "

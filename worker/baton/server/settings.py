@@ -7,7 +7,6 @@ import socket
 from dataclasses import dataclass, field
 
 from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, ROLES
-from baton.engine.step_budget import DEFAULT_BANK_OBJECTIVES
 from baton.kv.endpoint import is_loopback
 
 KV_TRANSPORTS = ("tcp", "shm", "auto")
@@ -31,7 +30,8 @@ class WorkerSettings:
     max_num_batched_tokens: int = 2048
     chunk_size: int = 512
     tpot_objective_s: float = DEFAULT_TPOT_OBJECTIVE_S  # prompt tokens per step capped to keep it (0: no cap)
-    tpot_bank_objectives: float = DEFAULT_BANK_OBJECTIVES  # the longest step saved time may buy, in objectives
+    # the longest step saved time may buy, in objectives (None: the role's default)
+    tpot_bank_objectives: float | None = None
     commit_hold: float = 0.5  # a step waits up to this part of a step for a prompt's KV due (0: never)
     kv_cache_memory_gb: float = 1.0
     num_kv_blocks: int | None = None
@@ -59,7 +59,7 @@ class WorkerSettings:
                              f"got {self.tpot_objective_s * 1e3!r}")
         if not 0 <= self.commit_hold <= 1:
             raise ValueError(f"--commit-hold must be a fraction of a step from 0 to 1, got {self.commit_hold!r}")
-        if not 1 <= self.tpot_bank_objectives < float("inf"):
+        if self.tpot_bank_objectives is not None and not 1 <= self.tpot_bank_objectives < float("inf"):
             raise ValueError("--tpot-bank-objectives must be a finite number >= 1 (1: no step past the "
                              f"objective), got {self.tpot_bank_objectives!r}")
         if self.tensor_parallel_size < 1:

@@ -91,8 +91,11 @@ class Worker:
                                    regroup=self._regroup)
         self._janitor = asyncio.get_running_loop().create_task(self._janitor_loop())
         log.info("worker %s: startup heap frozen for the collector %s", s.name, freeze_startup_heap())
-        log.info("worker %s ready: role %s, %d KV blocks, kv %s", s.name, s.role,
-                 self.engine.runner.num_blocks, self.intake.kv_endpoint)
+        config = self.engine.config
+        pacing = (f"decodes paced to {config.tpot_objective_s * 1e3:g} ms a token, steps up to "
+                  f"{config.bank_objectives:g}x that" if config.tpot_objective_s else "no TPOT objective")
+        log.info("worker %s ready: role %s, %d KV blocks, kv %s, %s", s.name, s.role,
+                 self.engine.runner.num_blocks, self.intake.kv_endpoint, pacing)
 
     async def _start_rank_kv(self, kv_token: str) -> None:
         """The other tensor-parallel ranks receive and send their own heads' KV: start their
