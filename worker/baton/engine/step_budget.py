@@ -55,7 +55,7 @@ DEFAULT_BANK_OBJECTIVES = 1.0
 # the objective their chunks stayed small beside the decodes. Two colocated workers of a Xeon
 # with AMX under vLLM's client (bench/serving.py, 35 ms objective, single runs each): TTFT p50
 # 427-512 ms, ITL p99 45-52 ms at 1; 311-335 and 50 ms at 1.3; 260-339 and 53-56 ms at 1.4,
-# with 7-14% more tokens/s. A decode worker of a P/D pair keeps 1: its local prompts are the
+# with 5-16% more tokens/s. A decode worker of a P/D pair keeps 1: its local prompts are the
 # router's choice, and there 1.4 raised ITL p99 from 45-46 to 53-59 ms for no gain in TTFT.
 COLOCATED_BANK_OBJECTIVES = 1.4
 CONTEXT_FIT_STEPS = 8  # prompt steps seen before their attention's share is fitted (three unknowns, noisy steps)
