@@ -13,6 +13,7 @@ from baton.engine.step_budget import (
     CONTEXT_FIT_STEPS,
     DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
+    STARTING_CREDIT_STEPS,
     UNREACHABLE_SHARE,
     PromptCost,
     RowTiles,
@@ -228,17 +229,20 @@ BANK = 4.0  # objectives a step may bank where saving time is asked for
 
 
 def test_allowance_is_the_time_each_decode_has_saved_against_the_objective():
-    # 5 tokens in 0.2 s under a 0.1 s objective: the next may come 0.6 - 0.2 = 0.4 s later
-    assert step_allowance_s(0.1, [(5, 0.2)], BANK) == pytest.approx(0.4)
-    # the decode with the least saved time decides for the whole step: 0.3 - 0.15 = 0.15 s
-    assert step_allowance_s(0.1, [(5, 0.2), (2, 0.15)], BANK) == pytest.approx(0.15)
+    credit = STARTING_CREDIT_STEPS * (BANK - 1) * 0.1  # every stream starts with it
+    # 5 tokens in 1.3 s under a 0.1 s objective: the next may come 0.6 - 1.3 + credit later
+    assert step_allowance_s(0.1, [(5, 1.3)], BANK) == pytest.approx(0.6 - 1.3 + credit)
+    # the decode with the least saved time decides for the whole step: 0.3 - 1.05 + credit
+    assert step_allowance_s(0.1, [(5, 1.3), (2, 1.05)], BANK) == pytest.approx(0.3 - 1.05 + credit)
 
 
 def test_allowance_is_never_below_the_objective_nor_above_its_bank_limit():
     assert step_allowance_s(0.1, [], BANK) == pytest.approx(0.1 * BANK)
-    assert step_allowance_s(0.1, [(0, 0.0)], BANK) == pytest.approx(0.1)  # fresh: step by step
     assert step_allowance_s(0.1, [(10, 3.0)], BANK) == pytest.approx(0.1)  # already behind
     assert step_allowance_s(0.1, [(1000, 1.0)], BANK) == pytest.approx(0.1 * BANK)
+    # unbanked, no credit either: a fresh decode holds the step to the objective
+    assert step_allowance_s(0.1, [(0, 0.0)], 1.0) == pytest.approx(0.1)
+    assert step_allowance_s(0.1, [(1000, 1.0)], 1.0) == pytest.approx(0.1)
 
 
 def test_a_colocated_worker_banks_by_default_and_the_others_do_not():
@@ -256,12 +260,36 @@ def test_a_colocated_worker_banks_by_default_and_the_others_do_not():
 
 
 def test_a_colocated_step_may_spend_saved_time_up_to_its_bank():
+    bank = COLOCATED_BANK_OBJECTIVES
     # saved 0.3 s against a 100 ms objective: one step may run to 140 ms, no further
-    assert step_allowance_s(0.1, [(5, 0.2)], COLOCATED_BANK_OBJECTIVES) == pytest.approx(0.14)
-    assert step_allowance_s(0.1, [(0, 0.0)], COLOCATED_BANK_OBJECTIVES) == pytest.approx(0.1)  # fresh
+    assert step_allowance_s(0.1, [(5, 0.2)], bank) == pytest.approx(0.1 * bank)
+    # a fresh stream's credit buys STARTING_CREDIT_STEPS longest steps in a row, then its pace
+    # holds the step to the objective until decode-only steps have saved time again
+    longest = 0.1 * bank
+    for steps in range(STARTING_CREDIT_STEPS):
+        assert step_allowance_s(0.1, [(steps, steps * longest)], bank) == pytest.approx(longest)
+    behind = STARTING_CREDIT_STEPS
+    assert step_allowance_s(0.1, [(behind, behind * longest)], bank) == pytest.approx(0.1)
     costs = costs_of(0.02, 0.005, 0.001)  # 8 decodes take 60 ms, 1 ms per prompt token
     assert prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.4,
                                 bank=COLOCATED_BANK_OBJECTIVES) == pytest.approx(80, abs=2)
+
+
+def test_a_prompts_last_few_tokens_run_with_its_chunk_where_the_longest_step_holds_them():
+    costs = costs_of(0.02, 0.005, 0.001)  # 8 decodes take 60 ms, 1 ms per prompt token
+    budget = dict(ceiling=2048, allowance_s=0.1, bank=COLOCATED_BANK_OBJECTIVES)
+    assert prefill_token_budget(0.1, 8, costs, **budget) == pytest.approx(40, abs=1)  # what fits
+    # 50 left: within a row tile (16 without tiles) of it, and 110 ms by the line: all of it
+    assert prefill_token_budget(0.1, 8, costs, **budget, finishing=50) == 50
+    # 60 left: more than a tile past what fits, so the prompt takes another step anyway
+    assert prefill_token_budget(0.1, 8, costs, **budget, finishing=60) == pytest.approx(40, abs=1)
+    # unbanked, the longest step is the objective itself: nothing past it
+    assert prefill_token_budget(0.1, 8, costs, ceiling=2048, allowance_s=0.1, finishing=50) == pytest.approx(
+        40, abs=1)
+    # with row tiles of 32 the last tile's worth may come along
+    tiles = RowTiles(32)
+    assert prefill_token_budget(0.1, 8, costs, **budget, tiles=tiles, finishing=70) == 70
+    assert prefill_token_budget(0.1, 8, costs, **budget, tiles=tiles, finishing=90) < 90
 
 
 def test_by_default_no_step_runs_past_the_objective():
@@ -305,9 +333,11 @@ def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monke
         started, tokens = seq.paced_from
         assert tokens == 1 and started == pytest.approx(seq.first_token_time)
         made = seq.num_completion_tokens - 1
-        seq.paced_from = (time.monotonic() - 0.1 * made, 1)  # at the objective: nothing saved
+        credit = STARTING_CREDIT_STEPS * (BANK - 1) * 0.1
+        # at the objective, its starting credit spent: nothing saved
+        seq.paced_from = (time.monotonic() - 0.1 * made - credit, 1)
         assert engine._prefill_cap() == pytest.approx(75, abs=2)  # (100 - 25) ms at 1 ms a token
-        seq.paced_from = (time.monotonic() - 0.01 * made, 1)  # fast: about 0.1·(made+1) s saved
+        seq.paced_from = (time.monotonic() - 0.01 * made - credit, 1)  # fast: about 0.1·(made+1) s saved
         expected = prefill_token_budget(0.1, 1, engine.step_costs, engine.config.max_num_batched_tokens,
                                         allowance_s=0.1 * (made + 1) - 0.01 * made, bank=BANK)
         assert engine._prefill_cap() == pytest.approx(expected, abs=2)
@@ -423,8 +453,9 @@ def test_the_engine_holds_a_prompt_back_for_a_worthwhile_chunk_and_not_for_long(
         engine.add_request("A long waiting prompt " * 40, SamplingParams(max_tokens=1), request_id="held")
         seq = engine.sequences["dec"]
 
-        def nothing_saved():
-            seq.paced_from = (time.monotonic() - 0.1 * (seq.num_completion_tokens - 1), 1)
+        def nothing_saved():  # at the objective, its starting credit spent
+            credit = STARTING_CREDIT_STEPS * (BANK - 1) * 0.1
+            seq.paced_from = (time.monotonic() - 0.1 * (seq.num_completion_tokens - 1) - credit, 1)
 
         nothing_saved()
         assert engine._prefill_cap() == 0

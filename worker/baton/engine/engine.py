@@ -320,11 +320,13 @@ class Engine:
         deferred = now - self._prompts_deferred_since if self._prompts_deferred_since is not None else 0.0
         bank = self.config.bank_objectives
         # the next chunk is the first running prompt's (the scheduler's order), else a new one's
-        start = next((seq.num_computed_tokens for seq in self.scheduler.running if seq.in_prefill), 0)
+        head = next((seq for seq in self.scheduler.running if seq.in_prefill), None)
+        start = head.num_computed_tokens if head is not None else 0
         return prefill_token_budget(objective, len(decoding), self.step_costs, self.config.max_num_batched_tokens,
                                     allowance_s=step_allowance_s(objective, paces, bank), wanted=wanted,
                                     deferred_s=deferred, bank=bank, context_start=start,
-                                    tiles=self.runner.row_tiles)
+                                    tiles=self.runner.row_tiles,
+                                    finishing=head.num_uncomputed_tokens if head is not None else None)
 
     def _admission_cap(self) -> int | None:
         """Prompt tokens a prefill worker's step may carry, its first prompt's whatever their

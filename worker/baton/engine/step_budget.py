@@ -58,6 +58,11 @@ DEFAULT_BANK_OBJECTIVES = 1.0
 # with 5-16% more tokens/s. A decode worker of a P/D pair keeps 1: its local prompts are the
 # router's choice, and there 1.4 raised ITL p99 from 45-46 to 53-59 ms for no gain in TTFT.
 COLOCATED_BANK_OBJECTIVES = 1.4
+# Each stream starts with this many longest steps' time past the objective already saved
+# ((bank - 1)·T each; none where the bank is 1). Without it the stream that has just left its
+# prompt, having saved nothing, held the next prompt's chunks to the objective itself for its
+# first tokens, though over its whole output it makes them well within it.
+STARTING_CREDIT_STEPS = 3
 CONTEXT_FIT_STEPS = 8  # prompt steps seen before their attention's share is fitted (three unknowns, noisy steps)
 # Budgets keep in hand this quantile of how far prompt steps ran past the fitted line. On two
 # colocated workers of a Xeon with AMX (vLLM's client, bench/serving.py) the steps with a
@@ -305,12 +310,14 @@ def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]]
                      bank: float = DEFAULT_BANK_OBJECTIVES) -> float:
     """The longest next step that keeps every running decode within the objective T over its
     tokens so far. `paces`: (tokens made since its first, seconds since its first) of each;
-    one that made m tokens in e seconds may wait T·(m + 1) − e for its next. Never below T:
-    a fresh decode, or one already behind, holds the step to T as step-by-step pacing would.
-    Never above bank·T (`bank` objectives): one step's stall stays bounded."""
+    one that made m tokens in e seconds may wait T·(m + 1) − e for its next, plus the credit
+    every stream starts with (STARTING_CREDIT_STEPS). Never below T: a decode already behind
+    holds the step to T as step-by-step pacing would. Never above bank·T (`bank`
+    objectives): one step's stall stays bounded."""
+    credit = STARTING_CREDIT_STEPS * (bank - 1) * tpot_objective_s
     allowance = bank * tpot_objective_s
     for tokens, seconds in paces:
-        allowance = min(allowance, tpot_objective_s * (tokens + 1) - seconds)
+        allowance = min(allowance, tpot_objective_s * (tokens + 1) - seconds + credit)
     return max(allowance, tpot_objective_s)
 
 
@@ -326,6 +333,18 @@ def prompt_batch_tokens(costs: StepCosts, ceiling: int) -> int:
     if cost is None:
         return ceiling
     return int(min(max(math.ceil(cost.fixed / cost.marginal()), 1), ceiling))
+
+
+def _finishes(rest: int, fits_now: float, tiles: RowTiles | None, fits_longest: float) -> bool:
+    """Whether a prompt's `rest` tokens run in this step though only `fits_now` fit its
+    allowance: where they pass it by at most a row tile (MIN_PROMPT_TOKENS_PER_STEP without
+    tiles) and the line alone, without the margin, puts them within the longest allowed
+    step (`fits_longest` tokens). Its last few tokens otherwise took a step of their own,
+    nearly all fixed cost: 12 tokens in 38 ms beside three decodes where those decodes alone
+    take ~20 ms (two colocated workers of a Xeon with AMX, bench/serving.py). Ending it now
+    gives the prompt its first token a step sooner and spares its neighbours that step."""
+    tile = tiles.size if tiles is not None and tiles.size > 1 else MIN_PROMPT_TOKENS_PER_STEP
+    return fits_now < rest <= max(fits_now, 0.0) + tile and rest <= fits_longest
 
 
 class RowTiles(NamedTuple):
@@ -357,7 +376,8 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
                          ceiling: int, floor: int = MIN_PROMPT_TOKENS_PER_STEP,
                          allowance_s: float | None = None, wanted: int | None = None,
                          deferred_s: float = 0.0, bank: float = DEFAULT_BANK_OBJECTIVES,
-                         context_start: int = 0, tiles: RowTiles | None = None) -> int:
+                         context_start: int = 0, tiles: RowTiles | None = None,
+                         finishing: int | None = None) -> int:
     """Prompt tokens the next step may carry next to `decodes` running decodes, in a step of
     at most `allowance_s` (default: the objective itself; see `step_allowance_s`). `wanted`:
     the prompt tokens waiting; `deferred_s`: how long they have waited for a worthwhile
@@ -365,7 +385,9 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
     longer than the longest allowed step (fresh decodes, which have saved nothing yet, could
     otherwise hold prompts back step after step). `context_start`: where the next chunk
     starts in its prompt (its attention work grows with it). `tiles`: how the step's
-    products take its rows (`on_row_tiles`)."""
+    products take its rows (`on_row_tiles`). `finishing`: the tokens the prompt under way
+    has left; where they pass what fits by at most a row tile, it may end in this step
+    (`_finishes`)."""
     if not tpot_objective_s or decodes == 0:
         return ceiling
     t_dec = costs.decode_step_s(decodes)
@@ -392,6 +414,9 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
         return on_row_tiles(forced, decodes, tiles, ceiling, fits=False)
     allowed = min(max(allowance_s or 0.0, tpot_objective_s), bank * tpot_objective_s)
     now = fit(allowed)
+    if finishing and _finishes(finishing, now, tiles, cost._replace(margin=0.0).tokens_within(
+            bank * tpot_objective_s - base, context_start)):
+        return finishing
     # a chunk whose fixed part is at most a third of its cost; less is worth waiting for
     worthwhile = min(2 * fixed / per_token, most, wanted if wanted is not None else ceiling, ceiling)
     if now < worthwhile and deferred_s < bank * tpot_objective_s:
