@@ -13,9 +13,11 @@ over the weights takes every row, decodes ride a prompt chunk's step for far les
 
 T bounds each decode's time per output token as TPOT counts it: over its tokens so far, not
 step by step (`step_allowance_s`). Decode-only steps faster than T save time that a later
-step may spend on a larger prompt chunk, up to `bank` objectives; by default one, so that no
-step runs past T and each gap between tokens stays within it (DEFAULT_BANK_OBJECTIVES). Where any step with prompt tokens has a large fixed
-cost (a CPU dequantizing weight tiles for it), many small chunks would each pay it, and the
+step may spend on a larger prompt chunk, up to `bank` objectives: on a decode worker one by
+default, so that no step runs past T and each gap between tokens stays within it
+(DEFAULT_BANK_OBJECTIVES); on a colocated worker 1.4 (COLOCATED_BANK_OBJECTIVES), each stream
+starting with some time already saved (STARTING_CREDIT_STEPS). Where any step with prompt
+tokens has a large fixed cost (a CPU dequantizing weight tiles for it), many small chunks would each pay it, and the
 decodes would run near T on every step, where a few larger chunks keep their mean well under T.
 So the prompt cost is fitted as a line, g(P) = F + s·P, and while what fits now is a chunk
 too small to be worth its fixed part F, the prompt waits a step or two (decode-only steps
@@ -416,7 +418,7 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
     now = fit(allowed)
     if finishing and _finishes(finishing, now, tiles, cost._replace(margin=0.0).tokens_within(
             bank * tpot_objective_s - base, context_start)):
-        return finishing
+        return min(finishing, ceiling)
     # a chunk whose fixed part is at most a third of its cost; less is worth waiting for
     worthwhile = min(2 * fixed / per_token, most, wanted if wanted is not None else ceiling, ceiling)
     if now < worthwhile and deferred_s < bank * tpot_objective_s:
