@@ -23,6 +23,7 @@ from baton.engine.step_budget import (
     on_row_tiles,
     prefill_token_budget,
     prompt_batch_tokens,
+    starting_credit_s,
     step_allowance_s,
 )
 from tests.engine.test_scheduler import complete, make, seq
@@ -229,7 +230,7 @@ BANK = 4.0  # objectives a step may bank where saving time is asked for
 
 
 def test_allowance_is_the_time_each_decode_has_saved_against_the_objective():
-    credit = STARTING_CREDIT_STEPS * (BANK - 1) * 0.1  # every stream starts with it
+    credit = starting_credit_s(0.1, BANK)  # every stream starts with it
     # 5 tokens in 1.3 s under a 0.1 s objective: the next may come 0.6 - 1.3 + credit later
     assert step_allowance_s(0.1, [(5, 1.3)], BANK) == pytest.approx(0.6 - 1.3 + credit)
     # the decode with the least saved time decides for the whole step: 0.3 - 1.05 + credit
@@ -333,7 +334,7 @@ def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monke
         started, tokens = seq.paced_from
         assert tokens == 1 and started == pytest.approx(seq.first_token_time)
         made = seq.num_completion_tokens - 1
-        credit = STARTING_CREDIT_STEPS * (BANK - 1) * 0.1
+        credit = starting_credit_s(0.1, BANK)
         # at the objective, its starting credit spent: nothing saved
         seq.paced_from = (time.monotonic() - 0.1 * made - credit, 1)
         assert engine._prefill_cap() == pytest.approx(75, abs=2)  # (100 - 25) ms at 1 ms a token
@@ -454,7 +455,7 @@ def test_the_engine_holds_a_prompt_back_for_a_worthwhile_chunk_and_not_for_long(
         seq = engine.sequences["dec"]
 
         def nothing_saved():  # at the objective, its starting credit spent
-            credit = STARTING_CREDIT_STEPS * (BANK - 1) * 0.1
+            credit = starting_credit_s(0.1, BANK)
             seq.paced_from = (time.monotonic() - 0.1 * (seq.num_completion_tokens - 1) - credit, 1)
 
         nothing_saved()

@@ -308,15 +308,21 @@ def _fit_with_context(steps: list[tuple[int, int, float]]) -> PromptCost | None:
     return PromptCost(fixed, per_token, per_context)
 
 
+def starting_credit_s(tpot_objective_s: float, bank: float) -> float:
+    """The saved time every stream starts with (STARTING_CREDIT_STEPS longest steps' excess
+    over the objective; none where the bank is 1)."""
+    return STARTING_CREDIT_STEPS * (bank - 1) * tpot_objective_s
+
+
 def step_allowance_s(tpot_objective_s: float, paces: Iterable[tuple[int, float]],
                      bank: float = DEFAULT_BANK_OBJECTIVES) -> float:
     """The longest next step that keeps every running decode within the objective T over its
     tokens so far. `paces`: (tokens made since its first, seconds since its first) of each;
     one that made m tokens in e seconds may wait T·(m + 1) − e for its next, plus the credit
-    every stream starts with (STARTING_CREDIT_STEPS). Never below T: a decode already behind
+    every stream starts with (`starting_credit_s`). Never below T: a decode already behind
     holds the step to T as step-by-step pacing would. Never above bank·T (`bank`
     objectives): one step's stall stays bounded."""
-    credit = STARTING_CREDIT_STEPS * (bank - 1) * tpot_objective_s
+    credit = starting_credit_s(tpot_objective_s, bank)
     allowance = bank * tpot_objective_s
     for tokens, seconds in paces:
         allowance = min(allowance, tpot_objective_s * (tokens + 1) - seconds + credit)
@@ -407,6 +413,10 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
     def fit(seconds: float) -> float:
         return cost.tokens_within(seconds - base, context_start)
 
+    def fit_line(seconds: float) -> float:
+        """`fit` by the line alone, without the margin kept for the slowest steps."""
+        return cost._replace(margin=0.0).tokens_within(seconds - base, context_start)
+
     most = fit(bank * tpot_objective_s)  # what the longest allowed step holds
     if most < floor:
         # decodes alone (nearly) past the objective: it is lost either way, and starving
@@ -416,8 +426,7 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
         return on_row_tiles(forced, decodes, tiles, ceiling, fits=False)
     allowed = min(max(allowance_s or 0.0, tpot_objective_s), bank * tpot_objective_s)
     now = fit(allowed)
-    if finishing and _finishes(finishing, now, tiles, cost._replace(margin=0.0).tokens_within(
-            bank * tpot_objective_s - base, context_start)):
+    if finishing and _finishes(finishing, now, tiles, fit_line(bank * tpot_objective_s)):
         return min(finishing, ceiling)
     # a chunk whose fixed part is at most a third of its cost; less is worth waiting for
     worthwhile = min(2 * fixed / per_token, most, wanted if wanted is not None else ceiling, ceiling)
@@ -431,6 +440,6 @@ def prefill_token_budget(tpot_objective_s: float | None, decodes: int, costs: St
         # in 21-25 ms steps under a 35 ms objective (two colocated workers, a Xeon with AMX,
         # bench/serving.py)
         filled = on_row_tiles(tokens, decodes, tiles, ceiling, fits=False)
-        if filled > tokens and cost._replace(margin=0.0).tokens_within(allowed - base, context_start) >= filled:
+        if filled > tokens and fit_line(allowed) >= filled:
             return filled
     return on_row_tiles(tokens, decodes, tiles, ceiling, fits=now >= floor)
