@@ -85,6 +85,26 @@ def test_amx_tiles_take_head_sizes_of_32s_and_any_falls_back_to_dot_products(lib
     torch.testing.assert_close(tiles, dots, atol=2e-3, rtol=1e-2)  # the same roundings, other sum orders
 
 
+@pytest.mark.parametrize("d", [64, 128])  # value sums held in tiles; added block by block in memory
+def test_tiles_rescale_where_a_rows_scores_keep_rising(lib, d):
+    if not native.takes_bf16(lib, "amx"):
+        pytest.skip("no AMX tiles here (the CPU lacks them, or the OS did not grant them)")
+    n, ctx = 40, 300
+    g = _gen(ctx + d)
+    q = torch.randn(n, 6, d, generator=g)
+    # later keys score ever higher: each row's maximum passes the one its sums were taken
+    # against by more than the kernel lets it, block after block
+    growth = torch.linspace(0.2, 10.0, ctx)[:, None, None]
+    k = (torch.randn(ctx, 2, d, generator=g) * growth).bfloat16()
+    v = torch.randn(ctx, 2, d, generator=g).bfloat16()
+    scale = d**-0.5
+    got = native.attend(lib, q, k, v, scale, bf16=True, engine="amx")
+    want = _dense_attention(q.bfloat16().float(), k.float(), v.float(), scale, _causal_tail(n, ctx))
+    torch.testing.assert_close(got.double(), want, atol=6e-3, rtol=1e-2)
+    assert torch.equal(native.attend(lib, q[-1:], k, v, scale, bf16=True, engine="amx")[0], got[-1])
+    assert torch.equal(native.attend(lib, q[-21:], k, v, scale, bf16=True, engine="amx"), got[-21:])
+
+
 def test_a_rows_result_does_not_depend_on_its_chunk(lib):
     g = _gen(7)
     q, k, v = torch.randn(50, 6, 32, generator=g), torch.randn(90, 2, 32, generator=g), torch.randn(90, 2, 32, generator=g)

@@ -12,8 +12,8 @@
  * rounded to bf16, as torch's bf16 attention rounds them); sums in float32 either way. A
  * row sees the keys up to its own position; rows are independent of each other.
  * Where the CPU has AMX tiles (and the OS grants them), bf16 products run on the tiles
- * instead, 16 rows at a time (prompt_attention_task_amx): the same roundings, each row's
- * sums in the tiles' order.
+ * instead, 16 rows at a time and the softmax across them (prompt_attention_tiles.h): the
+ * same roundings, each row's sums in the tiles' order.
  * Included by decode_step.c (after exp_in_place and quant_product.h's AMX helpers).
  */
 #define PROMPT_TASK_ROWS 64 /* query rows a task holds: (chunk rows) x (query heads of one KV head) */
@@ -135,14 +135,22 @@ static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, 
 }
 
 #if defined(__AVX512BF16__)
+/* Block `block` of KV head kvh widened to float32 rows (keys kr, values vr), and where its
+ * bf16 layout goes: kp in a->keys, vp in a->values. */
+static void prompt_block_to_pack(const PromptAttention *a, int kvh, int64_t block, float kr[][PROMPT_MAX_DIM],
+                                 float vr[][PROMPT_MAX_DIM], uint16_t **kp, uint16_t **vp) {
+    *kp = (uint16_t *)a->keys + prompt_block_at(a, kvh, block);
+    *vp = (uint16_t *)a->values + prompt_block_at(a, kvh, block);
+    prompt_load_block(a, kvh, block, kr, vr[0], PROMPT_MAX_DIM);
+}
+
 /* Block `block` of KV head kvh into a->keys and a->values as bf16 pairs (see PromptAttention). */
 static void prompt_pack_block(const PromptAttention *a, int kvh, int64_t block) {
     float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     float vr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    uint16_t *kp, *vp;
     const int dim = a->dim;
-    uint16_t *kp = (uint16_t *)a->keys + prompt_block_at(a, kvh, block);
-    uint16_t *vp = (uint16_t *)a->values + prompt_block_at(a, kvh, block);
-    prompt_load_block(a, kvh, block, kr, vr[0], PROMPT_MAX_DIM);
+    prompt_block_to_pack(a, kvh, block, kr, vr, &kp, &vp);
     for (int i = 0; i < dim / 2; i++)
         for (int j = 0; j < ATTENTION_TOKENS; j++) {
             kp[(i * ATTENTION_TOKENS + j) * 2] = f32_to_bf16(kr[j][2 * i]);
@@ -277,86 +285,7 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
 
 /* the tiles' helpers (amx_permission, amx_configure) exist where quant_bf16.h includes quant_amx.h */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define PROMPT_TILE_ROWS 16 /* task rows a tile holds */
-
-/* prompt_attention_task's bf16 products on AMX tiles (configured 16 rows x 64 bytes each, as
- * quant_amx.h's amx_configure does), 16 task rows at a time. Scores: tiles 0-1 (keys 0-15,
- * 16-31) from the query rows (tile 2, 32 of a head's values a pass) and the laid-out keys
- * (tiles 3-4, the same [dim / 2][32][2] pairs as VDPBF16PS reads). Sums of values: the
- * probabilities (tile 2) times 16 of the head's values (tile 3) into tile 5, added to the
- * rows' float32 sums, where the softmax shrank them. A tile's products are each row's
- * own, so a row's result does not depend on its chunk; rows past the task's are zero
- * queries whose results are dropped. Head size a multiple of 32. */
-static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0, int rows) {
-    uint16_t qb[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64))); /* bf16 query rows */
-    float acc[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    float s[PROMPT_TILE_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64)));
-    uint16_t pb[PROMPT_TILE_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64))); /* bf16 probabilities */
-    float pv[PROMPT_TILE_ROWS][16] __attribute__((aligned(64)));
-    float best[PROMPT_TASK_ROWS], total[PROMPT_TASK_ROWS];
-    const int dim = a->dim, group = a->num_heads / a->num_kv_heads, chunks = dim / 16, all = group * rows;
-    const int tiles = (all + PROMPT_TILE_ROWS - 1) / PROMPT_TILE_ROWS;
-    const int64_t first = (int64_t)a->ctx - a->n + r0, last = first + rows - 1;
-    const __m512 scale = _mm512_set1_ps(a->scale);
-    for (int t = 0; t < tiles * PROMPT_TILE_ROWS; t++) {
-        if (t < all) {
-            const int h = kvh * group + t / rows, r = t % rows;
-            const float *row = a->q + (int64_t)(r0 + r) * a->q_stride + (int64_t)h * dim;
-            for (int d = 0; d < dim; d++) qb[t][d] = f32_to_bf16(row[d]); /* the scores scaled after */
-        } else {
-            memset(qb[t], 0, sizeof(uint16_t) * dim);
-        }
-        memset(acc[t], 0, sizeof(float) * dim);
-        best[t] = -INFINITY;
-        total[t] = 0.0f;
-    }
-    for (int tile = 0; tile < tiles; tile++) {
-        const int t0 = tile * PROMPT_TILE_ROWS, count = all - t0 < PROMPT_TILE_ROWS ? all - t0 : PROMPT_TILE_ROWS;
-        memset(pb, 0, sizeof pb); /* rows past count stay zero */
-        for (int64_t kb = 0; kb <= last; kb += ATTENTION_TOKENS) {
-            const int nk = last + 1 - kb < ATTENTION_TOKENS ? (int)(last + 1 - kb) : ATTENTION_TOKENS;
-            const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
-            const uint16_t *keys = (const uint16_t *)a->keys + at, *values = (const uint16_t *)a->values + at;
-            _tile_zero(0);
-            _tile_zero(1);
-            for (int part = 0; part < dim / 32; part++) { /* 16 pairs of the head's values a pass */
-                const uint16_t *pairs = keys + (int64_t)part * 16 * 2 * ATTENTION_TOKENS;
-                _tile_loadd(2, qb[t0] + 32 * part, PROMPT_MAX_DIM * 2);
-                _tile_loadd(3, pairs, 4 * ATTENTION_TOKENS);
-                _tile_loadd(4, pairs + 32, 4 * ATTENTION_TOKENS);
-                _tile_dpbf16ps(0, 2, 3);
-                _tile_dpbf16ps(1, 2, 4);
-            }
-            _tile_stored(0, s[0], 4 * ATTENTION_TOKENS);
-            _tile_stored(1, s[0] + 16, 4 * ATTENTION_TOKENS);
-            for (int i = 0; i < count; i++) {
-                const int t = t0 + i, valid = prompt_keys_seen(first, t % rows, kb, nk);
-                if (!valid) {
-                    memset(pb[i], 0, sizeof pb[i]);
-                    continue;
-                }
-                __m512 e0, e1;
-                prompt_softmax_row(_mm512_mul_ps(_mm512_load_ps(s[i]), scale), _mm512_mul_ps(_mm512_load_ps(s[i] + 16), scale),
-                                   valid, &best[t], &total[t], acc[t], chunks, &e0, &e1);
-                _mm512_store_si512(pb[i], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-            }
-            _tile_loadd(2, pb[0], 2 * ATTENTION_TOKENS);
-            for (int c = 0; c < chunks; c++) { /* values 16c..16c + 15 of every key pair */
-                _tile_zero(5);
-                _tile_loadd(3, values + 32 * c, 4 * dim);
-                _tile_dpbf16ps(5, 2, 3);
-                _tile_stored(5, pv[0], 64);
-                for (int i = 0; i < count; i++)
-                    _mm512_store_ps(acc[t0 + i] + 16 * c, _mm512_add_ps(_mm512_load_ps(acc[t0 + i] + 16 * c), _mm512_load_ps(pv[i])));
-            }
-        }
-    }
-    for (int t = 0; t < all; t++) {
-        const int h = kvh * group + t / rows, r = t % rows;
-        float *o = a->out + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
-        for (int d = 0; d < dim; d++) o[d] = acc[t][d] / total[t];
-    }
-}
+#include "prompt_attention_tiles.h"
 #else
 #if !(defined(__AVX512BF16__) && defined(__AVX512BW__)) /* no quant_amx.h here, not even its stand-ins */
 static int amx_permission(void) { return 0; }
@@ -365,6 +294,9 @@ static void amx_release(void) {}
 #endif
 static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0, int rows) {
     (void)a, (void)kvh, (void)r0, (void)rows;
+}
+static void prompt_pack_block_tiles(const PromptAttention *a, int kvh, int64_t block) {
+    (void)a, (void)kvh, (void)block;
 }
 #endif
 
@@ -402,7 +334,8 @@ static int prompt_attention_run(PromptAttention *a) {
             for (int64_t b = 0; b < key_blocks; b++) {
 #if defined(__AVX512BF16__)
                 if (a->bf16_products) {
-                    prompt_pack_block(a, kvh, b);
+                    if (amx) prompt_pack_block_tiles(a, kvh, b);
+                    else prompt_pack_block(a, kvh, b);
                     continue;
                 }
 #endif
