@@ -116,6 +116,18 @@ static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t p
 #include <immintrin.h>
 #endif
 
+/* e^x as 2^n * e^r, |r| <= ln2 / 2: ln 2 in two parts (r exact in float32) and Cephes' expf
+ * coefficients; exp_in_place and prompt_attention*.h's vector forms all use these. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HIGH 0.693359375f
+#define EXP_LN2_LOW -2.12194440e-4f
+#define EXP_C0 1.9875691500e-4f
+#define EXP_C1 1.3981999507e-3f
+#define EXP_C2 8.3334519073e-3f
+#define EXP_C3 4.1665795894e-2f
+#define EXP_C4 1.6666665459e-1f
+#define EXP_C5 5.0000001201e-1f
+
 /* x[i] <- exp(x[i]) for x[i] <= 0 (softmax terms after subtracting the max), in loops the
  * compiler vectorizes: 2^n * e^r with |r| <= ln2 / 2 and a degree-7 polynomial (Cephes'
  * expf coefficients), about one ulp from the exact value, as torch's vectorized exp is. */
@@ -124,15 +136,15 @@ static void exp_in_place(float *x, int n) {
     int32_t bits[ATTENTION_TOKENS];
     for (int i = 0; i < n; i++) {
         const float v = x[i] < -87.0f ? -87.0f : x[i]; /* below: 2^n underflows; e^-87 ~ 0 */
-        const float whole = floorf(v * 1.44269504088896341f + 0.5f);
-        float r = v - whole * 0.693359375f;
-        r = r - whole * -2.12194440e-4f;
-        float poly = 1.9875691500e-4f;
-        poly = poly * r + 1.3981999507e-3f;
-        poly = poly * r + 8.3334519073e-3f;
-        poly = poly * r + 4.1665795894e-2f;
-        poly = poly * r + 1.6666665459e-1f;
-        poly = poly * r + 5.0000001201e-1f;
+        const float whole = floorf(v * EXP_LOG2E + 0.5f);
+        float r = v - whole * EXP_LN2_HIGH;
+        r = r - whole * EXP_LN2_LOW;
+        float poly = EXP_C0;
+        poly = poly * r + EXP_C1;
+        poly = poly * r + EXP_C2;
+        poly = poly * r + EXP_C3;
+        poly = poly * r + EXP_C4;
+        poly = poly * r + EXP_C5;
         x[i] = poly * r * r + r + 1.0f;
         bits[i] = ((int32_t)whole + 127) << 23;
     }

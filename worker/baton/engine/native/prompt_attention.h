@@ -43,17 +43,17 @@ static inline void prompt_row(const void *base, int bf16, int64_t at, int dim, f
 /* exp_in_place's formula on 16 lanes, step for step (the same values) */
 static inline __m512 prompt_exp(__m512 x) {
     const __m512 v = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 whole = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+    const __m512 whole = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)),
                                                             _mm512_set1_ps(0.5f)),
                                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(v, _mm512_mul_ps(whole, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(whole, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
-    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(1.3981999507e-3f));
-    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(8.3334519073e-3f));
-    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(4.1665795894e-2f));
-    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(1.6666665459e-1f));
-    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_sub_ps(v, _mm512_mul_ps(whole, _mm512_set1_ps(EXP_LN2_HIGH)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(whole, _mm512_set1_ps(EXP_LN2_LOW)));
+    __m512 poly = _mm512_set1_ps(EXP_C0);
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(EXP_C1));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(EXP_C2));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(EXP_C3));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(EXP_C4));
+    poly = _mm512_add_ps(_mm512_mul_ps(poly, r), _mm512_set1_ps(EXP_C5));
     const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(poly, r), r), r), _mm512_set1_ps(1.0f));
     const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(whole), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));

@@ -29,15 +29,15 @@
  * 64: 128 products a score, one exponential). */
 static inline __m512 prompt_exp_fused(__m512 x) {
     const __m512 v = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 whole = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+    const __m512 whole = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)),
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(0.693359375f), v);
-    r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 poly = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(EXP_LN2_HIGH), v);
+    r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(EXP_LN2_LOW), r);
+    __m512 poly = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C0), r, _mm512_set1_ps(EXP_C1));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C2));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C3));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C4));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C5));
     const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(y, whole);
 }
