@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from baton.engine import SamplingParams
+from baton.engine.sampling import greedy_tokens
 
 PROMPT = "Write a short story about a robot:"
 
@@ -67,3 +70,14 @@ def test_token_id_prompts_equal_text_prompts(engine_fp32):
     ids = engine_fp32.tokenizer.encode(PROMPT)
     a, b = engine_fp32.generate([PROMPT, ids], SamplingParams(max_tokens=8))
     assert a.token_ids == b.token_ids and a.text == b.text
+
+
+def test_greedy_tokens_match_argmax_ties_and_nan_included():
+    """The greedy pick (max over the vocabulary, faster than argmax on a CPU) is argmax's:
+    the first of tied maxima, a NaN as the highest, and any random row."""
+    scores = torch.zeros(4, 1000)
+    scores[1, 10] = scores[1, 900] = 3.0  # a tie: the first one
+    scores[2, 7] = float("nan")  # NaN wins, as in argmax
+    scores[3] = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    assert greedy_tokens(scores) == scores.argmax(-1).tolist()
+    assert greedy_tokens(scores)[:3] == [0, 10, 7]
