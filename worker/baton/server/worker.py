@@ -24,6 +24,7 @@ from baton.server.role_request import REGROUP_TIMEOUT_S
 from baton.server.roles import PoolShape, blocks_for_ranks, shape_for_ranks
 from baton.server.settings import WorkerSettings
 from baton.server.streams import Ended, StreamBook
+from baton.server.thread_names import name_os_threads
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class Worker:
                                    regroup=self._regroup)
         self._janitor = asyncio.get_running_loop().create_task(self._janitor_loop())
         log.info("worker %s: startup heap frozen for the collector %s", s.name, freeze_startup_heap())
+        log.info("worker %s: threads named for the OS: %s", s.name, sorted(set(name_os_threads().values())))
         config = self.engine.config
         pacing = (f"decodes paced to {config.tpot_objective_s * 1e3:g} ms a token, steps up to "
                   f"{config.bank_objectives:g}x that" if config.tpot_objective_s else "no TPOT objective")
@@ -143,6 +145,7 @@ class Worker:
         self.intake.adopt_runner(engine.runner)
         if size > 1:
             await self._start_rank_kv(self.kv_token)
+        name_os_threads()  # the group's reader threads too
         return shape_for_ranks(start_shape, heads_before, heads_after), weights
 
     def _advertised_kv_endpoint(self) -> str:
