@@ -255,7 +255,7 @@ class NativeDecoder:
         self._check_bounds(token_ids, positions, tables)
         _check_rows(positions, starts, wanted)
         ws = self._workspace
-        ws.quant_engine = self.prompts.quant_engine if chunks else prompt_steps.NO_ENGINE
+        ws.quant_engine = self.prompts.quant_engine  # decode-only steps too: the same products by their rows
         ws.quant_min_rows = self.prompts.quant_min_rows
         prompts = _Prompts(chunks, starts.ctypes.data, int(self.prompts.bf16_products))
         self._hook, self._hook_error = layer_hook, None

@@ -9,7 +9,8 @@ attend causally over the cache with the prompt attention kernel (prompt_attentio
 only the sampled rows reach the LM head. Its products on quantized weights follow the
 torch path's choice for many rows (quant/placement.py): bf16 products inside the library
 where it has an engine for them, else the int16 kernels, below the row count at which a
-dequantized tile and torch's GEMM were measured the faster.
+dequantized tile and torch's GEMM were measured the faster. The panel engine chosen here
+takes a decode-only step's products of as many rows too (native/decoder.py).
 """
 
 from __future__ import annotations

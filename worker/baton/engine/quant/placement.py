@@ -25,8 +25,9 @@ KERNELS = {  # quant_kernels.h's names
 # dequantized tiles through the dense GEMM rather than on the int16 kernels. Measured on a
 # Xeon with AMX, whole prompts of SmolLM2 alternating between the two: bf16 tiles broke
 # even at ~60 rows on one thread and ~48 on two, and ran 1.4x faster at 80 rows, 1.6x at
-# 128; fp32 tiles broke even at ~200 rows (two threads). Decode-only steps take the native
-# step, whose products stay on the int16 kernels (each weight byte read once per step).
+# 128; fp32 tiles broke even at ~200 rows (two threads). The native step (every decode-only
+# step, and the steps with prompt chunks it takes) does not use these: its products run on the
+# int16 kernels (each weight byte read once per step) unless a panel engine below takes them.
 DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # Where the library multiplies bf16 itself (native/quant_bf16.h), many-row products
 # dequantize inside the product: no pass over the whole matrix per step, so they pay from
@@ -37,7 +38,9 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core: 12.4 ms at
 # 8 rows against the int16 kernels' 15.0 (even with them at ~8 in other runs), and
 # 1.35-1.45x faster than AVX512-BF16's from 16 rows to 512
-# (bench/results/quant_products.zen4.int8.json).
+# (bench/results/quant_products.zen4.int8.json). Steps of decodes alone take them from these
+# rows too, as steps with prompt chunks do: on one core of a slower Xeon with AMX, 16 decodes
+# (contexts of 300) 49.5 -> 39.5 ms a step, 32 decodes 97.9 -> 63.9 ms.
 PANEL_MIN_ROWS = {"amx": 16, "avx512_bf16": 16, "avx512_vnni": 8}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
