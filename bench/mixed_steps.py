@@ -20,10 +20,10 @@ from pathlib import Path
 
 RESULTS = Path(__file__).with_name("results")
 # (decodes, prompt tokens); 4 + 12, 16, 20 and 8 + 8, 16 step across the bf16 products'
-# passes of 8 rows (quant/placement.py BF16_ROW_TILE); 16 and 32 decodes alone reach the
-# panel engines' rows (PANEL_MIN_ROWS)
+# passes of 8 rows (quant/placement.py BF16_ROW_TILE); 12 rows (12 decodes, 4 + 8) and 16
+# and 32 decodes alone reach the panel engines' rows (PANEL_MIN_ROWS)
 CASES = ((4, 12), (4, 16), (4, 20), (4, 64), (8, 8), (8, 16), (8, 64), (4, 256), (0, 256), (0, 512), (0, 1024),
-         (8, 0), (4, 0), (16, 0), (32, 0))
+         (8, 0), (4, 0), (12, 0), (4, 8), (16, 0), (32, 0))
 DECODE_CONTEXT = 300
 
 

@@ -38,10 +38,17 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core: 12.4 ms at
 # 8 rows against the int16 kernels' 15.0 (even with them at ~8 in other runs), and
 # 1.35-1.45x faster than AVX512-BF16's from 16 rows to 512
-# (bench/results/quant_products.zen4.int8.json). Steps of decodes alone take them from these
-# rows too, as steps with prompt chunks do: on one core of a slower Xeon with AMX, 16 decodes
-# (contexts of 300) 49.5 -> 39.5 ms a step, 32 decodes 97.9 -> 63.9 ms.
-PANEL_MIN_ROWS = {"amx": 16, "avx512_bf16": 16, "avx512_vnni": 8}
+# (bench/results/quant_products.zen4.int8.json). On one core of a slower Xeon with AMX the
+# whole model's products took 17.3 / 22.6 / 25.2 / 31.1 ms at 8 / 10 / 12 / 16 rows on the
+# int16 kernels against 20.6 / 21.1 / 21.2 / 21.4 on the tiles
+# (bench/results/quant_products.xeon.rows_8_to_16.json), so AMX takes them from 12 rows:
+# steps of 12 decodes 38.2 -> 35.3 ms, 4 decodes beside 8 prompt tokens 28.5 -> 26.0, though
+# the steps left alike ran ~4% slower in the second run (bench/results/mixed_steps.xeon.
+# amx_from_16_rows.json, then amx_from_12_rows.json).
+# Steps of decodes alone take them from these rows too, as steps with prompt chunks do: 16
+# decodes (contexts of 300) 49.3 -> 39.9 ms a step, 32 decodes 96.0 -> 64.4 ms
+# (bench/results/mixed_steps.xeon.decode_panels.json).
+PANEL_MIN_ROWS = {"amx": 12, "avx512_bf16": 16, "avx512_vnni": 8}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
 # them (step_budget.on_row_tiles).
