@@ -28,22 +28,26 @@ RESULTS = Path(__file__).with_name("results")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
+def stat_cpu_s(stat: Path) -> float:
+    """User + system CPU seconds from a /proc .../stat file (fields after the command)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
 def thread_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds by thread name (threads of one name summed; ended threads drop out)."""
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name, spent = (task / "comm").read_text().strip(), stat_cpu_s(task / "stat")
         except OSError:  # the thread ended meanwhile
             continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * TICK_S
+        out[name] = out.get(name, 0.0) + spent
     return out
 
 
 def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 def server_pids(stack: LocalStack) -> dict[str, int]:
