@@ -21,10 +21,21 @@ from pathlib import Path
 RESULTS = Path(__file__).with_name("results")
 # (decodes, prompt tokens); 4 + 12, 16, 20 and 8 + 8, 16 step across the bf16 products'
 # passes of 8 rows (quant/placement.py BF16_ROW_TILE); 12 rows (12 decodes, 4 + 8) and 16
-# and 32 decodes alone reach the panel engines' rows (PANEL_MIN_ROWS)
+# and 32 decodes alone run on the panel engines (from PANEL_MIN_ROWS); --cases times others
 CASES = ((4, 12), (4, 16), (4, 20), (4, 64), (8, 8), (8, 16), (8, 64), (4, 256), (0, 256), (0, 512), (0, 1024),
          (8, 0), (4, 0), (12, 0), (4, 8), (16, 0), (32, 0))
 DECODE_CONTEXT = 300
+
+
+def case(text: str) -> tuple[int, int]:
+    """A step given as DECODES,PROMPT_TOKENS (at least one row)."""
+    try:
+        decodes, tokens = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DECODES,PROMPT_TOKENS such as 4,16, got {text!r}") from None
+    if decodes < 0 or tokens < 0 or decodes + tokens == 0:
+        raise argparse.ArgumentTypeError(f"a step needs a row and no negative count, got {text!r}")
+    return decodes, tokens
 
 
 def main() -> None:
@@ -32,6 +43,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS / "mixed_steps.json")
+    parser.add_argument("--cases", nargs="+", metavar="DECODES,PROMPT_TOKENS", type=case,
+                        help="steps to time instead of the default set, e.g. 10,0 4,6")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before the native library's OpenMP starts
 
@@ -70,19 +83,20 @@ def main() -> None:
         runner.run(b)
         return time.perf_counter() - start
 
+    cases = args.cases or CASES
     batches = []
-    for decodes, prompt in CASES:
+    for decodes, prompt in cases:
         next_block = iter(range(blocks))  # each case's sequences from the pool's start
         batches.append(batch(decodes, prompt))
     for b in batches:
         timed(b, True), timed(b, False)  # warm both
-    best = [{"native": float("inf"), "torch": float("inf")} for _ in CASES]
+    best = [{"native": float("inf"), "torch": float("inf")} for _ in cases]
     for _ in range(args.repeats):  # every case and path in turn, so drift hits all alike
         for b, cell in zip(batches, best):
             cell["native"] = min(cell["native"], timed(b, True))
             cell["torch"] = min(cell["torch"], timed(b, False))
     rows = []
-    for (decodes, prompt), b, cell in zip(CASES, batches, best):
+    for (decodes, prompt), b, cell in zip(cases, batches, best):
         inputs, _ = StepInputs.from_batch(b, block)
         on_native = not prompt or prompt_steps.runs(native.prompts, len(inputs.token_ids), inputs.prompt_rows_by_context())
         row = {"decodes": decodes, "prompt_tokens": prompt, "native_step_ran": on_native,

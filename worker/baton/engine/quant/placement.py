@@ -41,14 +41,16 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # (bench/results/quant_products.zen4.int8.json). On one core of a slower Xeon with AMX the
 # whole model's products took 17.3 / 22.6 / 25.2 / 31.1 ms at 8 / 10 / 12 / 16 rows on the
 # int16 kernels against 20.6 / 21.1 / 21.2 / 21.4 on the tiles
-# (bench/results/quant_products.xeon.rows_8_to_16.json), so AMX takes them from 12 rows:
-# steps of 12 decodes 38.2 -> 35.3 ms, 4 decodes beside 8 prompt tokens 28.5 -> 26.0, though
-# the steps left alike ran ~4% slower in the second run (bench/results/mixed_steps.xeon.
-# amx_from_16_rows.json, then amx_from_12_rows.json).
+# (bench/results/quant_products.xeon.rows_8_to_16.json); 17.6 / 20.8 / 22.9 / 24.1 ms at 8
+# / 9 / 10 / 11 rows against 21.2-21.4 (quant_products.xeon.rows_8_to_12.json). So AMX takes
+# them from 10 rows (from 16, then 12, before): in alternating runs 10 decodes 33.9-34.3 ->
+# 32.4 ms a step, 11 decodes 36.5-36.7 -> 33.5-33.8, 4 decodes beside 6 or 7 prompt tokens
+# 27.0-28.1 -> 25.1-25.4, steps of 8 and 12 decodes alike
+# (bench/results/mixed_steps.xeon.amx_from_10_rows.json; amx_from_12_rows.json before).
 # Steps of decodes alone take them from these rows too, as steps with prompt chunks do: 16
 # decodes (contexts of 300) 49.3 -> 39.9 ms a step, 32 decodes 96.0 -> 64.4 ms
 # (bench/results/mixed_steps.xeon.decode_panels.json).
-PANEL_MIN_ROWS = {"amx": 12, "avx512_bf16": 16, "avx512_vnni": 8}
+PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 8}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
 # them (step_budget.on_row_tiles).
