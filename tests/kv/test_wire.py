@@ -29,9 +29,11 @@ from baton.kv.wire import (
     UnsupportedVersion,
     WireError,
     body_length,
+    control_header,
     decode_header,
     encode_frame,
     encode_header,
+    header_nbytes,
     layer_header,
     payload_tensor,
     tensor_bytes,
@@ -212,3 +214,13 @@ def test_end_refuses_a_malformed_sampler_state():
         doc = b'{"first_token": 1, "total_bytes": 2, "layer_checksums": [], "sampler_state": ' + bad + b"}"
         with pytest.raises(WireError, match="sampler_state"):
             decode_control(header, doc)
+
+
+@pytest.mark.parametrize("header", [
+    layer_header("req-7", 3, [4, 1, 9], torch.zeros(2, 40, 4, 8, dtype=torch.bfloat16)),
+    layer_header("ünïcode-id", 0, list(range(300)), torch.zeros(2, 16, 2, 4), ref="baton-kv-0123456789abcdef-1"),
+    control_header(FrameKind.END, "req-7", b'{"first_token": 3}'),
+    control_header(FrameKind.HELLO, "", b"{}"),
+])
+def test_header_nbytes_is_the_length_of_the_encoded_header(header):
+    assert header_nbytes(header) == len(encode_header(header))

@@ -15,6 +15,7 @@ import crc32c
 import torch
 
 from baton.kv.blockviews import IOV_MAX
+from baton.kv.low_water import LOW_WATER_PATIENCE_S
 from baton.kv.wire import PREAMBLE_SIZE, FrameHeader, body_length, decode_header, encode_frame
 
 _SKIP_CHUNK = 1 << 20
@@ -60,6 +61,9 @@ class FrameConn:
         self._waiters: set[asyncio.Future] = set()
         self._rx = torch.empty(0, dtype=torch.uint8)
         self.closed = False
+        self.bytes_read = 0
+        self.low_water = 1  # queued bytes that make the socket readable (SO_RCVLOWAT)
+        self._patience: asyncio.TimerHandle | None = None
 
     # -- sending -------------------------------------------------------------------------
     async def send(self, header: FrameHeader, payload=b"", timeout: float = 30.0) -> None:
@@ -143,6 +147,7 @@ class FrameConn:
             if n == 0:
                 raise ConnectionClosed("peer closed the connection" + (" mid-frame" if got else ""))
             got += n
+            self.bytes_read += n
             if checksum:
                 crc = _checksum_filled(views, first, n, crc)
             first = _advance(views, first, n)
@@ -184,9 +189,36 @@ class FrameConn:
             await self.recv_into(scratch[:step])
             nbytes -= step
 
+    # -- waking in batches (kv/low_water.py) ---------------------------------------------
+    def set_low_water(self, nbytes: int, patience_s: float = LOW_WATER_PATIENCE_S) -> None:
+        """Be woken only once `nbytes` are queued (SO_RCVLOWAT; 1: any byte). The caller
+        must know at least that many are coming. If nothing is read for `patience_s` while
+        it is above 1 (a sender stopped short), it goes back to 1."""
+        if nbytes == self.low_water or self.closed:
+            return
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+        except OSError:
+            return  # a socket that does not take it is read as bytes come
+        self.low_water = nbytes
+        if nbytes > 1 and self._patience is None:
+            self._patience = self.loop.call_later(patience_s, self._check_patience, self.bytes_read, patience_s)
+
+    def _check_patience(self, read_before: int, patience_s: float) -> None:
+        self._patience = None
+        if self.low_water <= 1 or self.closed:
+            return
+        if self.bytes_read == read_before:
+            self.set_low_water(1)  # the kernel wakes the reader at once if bytes are queued
+        else:
+            self._patience = self.loop.call_later(patience_s, self._check_patience, self.bytes_read, patience_s)
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self._patience is not None:
+                self._patience.cancel()
+                self._patience = None
             fd = self.sock.fileno()
             if fd >= 0:
                 self.loop.remove_reader(fd)

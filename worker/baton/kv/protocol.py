@@ -81,6 +81,11 @@ class TransferProgress:
     end: EndSummary | None = None
     first_frame_at: float | None = None
     last_layer_at: float | None = None
+    frame_nbytes: int = 0  # one LAYER frame on the stream, header and inline payload
+
+    @property
+    def layers_due(self) -> int:
+        return self.ticket.num_layers - len(self.layer_crcs)
 
     def check_new_layer(self, h: FrameHeader) -> None:
         check_layer_matches_ticket(h, self.ticket)

@@ -17,6 +17,7 @@ from abc import abstractmethod
 from collections import OrderedDict
 
 from baton.kv.conn import ConnectionClosed, FrameConn
+from baton.kv.low_water import LOW_WATER_PATIENCE_S, low_water_bytes
 from baton.kv.messages import Ack, ErrorCode, ErrorInfo, Hello, decode_control, encode_control
 from baton.kv.protocol import Refusal, TransferProgress, check_ticket_usable
 from baton.kv.transport import (
@@ -35,6 +36,7 @@ from baton.kv.wire import (
     FrameKind,
     WireError,
     body_length,
+    header_nbytes,
     verify_payload,
 )
 
@@ -48,7 +50,8 @@ MAX_HELLO_PAYLOAD_BYTES = 8192
 
 class FrameReceiver(KVReceiver):
     # Payloads follow their header on the stream, so they can be read straight into the
-    # sink's blocks (TCP; shared memory hands over a segment instead).
+    # sink's blocks, and a connection is woken once a batch of the frames due has queued
+    # (TCP, kv/low_water.py; shared memory hands over a segment instead).
     inline_payloads = False
 
     def __init__(
@@ -233,7 +236,18 @@ class FrameReceiver(KVReceiver):
         if self._progress.get(h.request_id, (None,))[0] is not progress:
             return  # dropped while we were reading (expired, receiver closing)
         progress.record_layer(h, self.clock())
+        if self.inline_payloads:
+            progress.frame_nbytes = header_nbytes(h) + h.inline_nbytes
+            self._batch_reads(conn)
         await self._maybe_complete(h.request_id)
+
+    def _batch_reads(self, conn: FrameConn) -> None:
+        """Wake this connection's reader once half of the frames due on it have queued: the
+        LAYER frames its transfers under way still owe, of those heard from lately."""
+        fresh = self.clock() - LOW_WATER_PATIENCE_S
+        due = [(p.layers_due, p.frame_nbytes) for p, owner, _ in self._progress.values()
+               if owner is conn and p.last_layer_at is not None and p.last_layer_at >= fresh]
+        conn.set_low_water(low_water_bytes(due))
 
     def _begin_direct_write(self, progress: TransferProgress, h: FrameHeader) -> LayerWrite | None:
         """The sink's destination views for this layer, when the payload can go straight
@@ -359,6 +373,8 @@ class FrameReceiver(KVReceiver):
     async def _drop(self, request_id: str, reason: str) -> None:
         entry = self._progress.pop(request_id, None)
         if entry is not None:
+            if self.inline_payloads:
+                self._batch_reads(entry[1])  # its frames are no longer due
             try:
                 await maybe_await(self.sink.abort(entry[0].ticket, reason))
             except Exception:

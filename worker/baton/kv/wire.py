@@ -251,6 +251,12 @@ def encode_header(h: FrameHeader) -> bytes:
     return head + CRC.pack(checksum(head))
 
 
+def header_nbytes(h: FrameHeader) -> int:
+    """Bytes encode_header(h) gives: its preamble and body, without encoding it."""
+    return (PREAMBLE_SIZE + BODY.size + 8 * len(h.shape) + len(h.request_id.encode()) + 4 * len(h.block_ids)
+            + len(h.ref.encode()) + CRC.size)
+
+
 def encode_frame(h: FrameHeader, payload=b"", header_bytes: bytes | None = None) -> list:
     """Buffers to write in order: the header bytes, then the payload itself (not copied;
     a ViewPayload or a list of byte views goes out as its pieces). `header_bytes`: h
