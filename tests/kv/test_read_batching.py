@@ -57,6 +57,28 @@ def payload(src, layer: int):
     return gather_layer(*src[layer], SRC_BLOCKS, BLOCK_SIZE, TOKENS, 0, HEADS)
 
 
+async def send_layers(transfer, src, layers, pace_s: float = 0.0) -> None:
+    """Those layers of `src`, each `pace_s` after the one before (a layer's compute)."""
+    for layer in layers:
+        await transfer.send_layer(layer, payload(src, layer))
+        await asyncio.sleep(pace_s)
+
+
+def over_tcp(sink, send):
+    """`await send(sender)` with a sender connected to a TCP receiver around `sink`; its
+    result once both are closed again."""
+
+    async def main():
+        async with receiver_for("tcp", sink) as receiver:
+            sender = sender_for("tcp", receiver.endpoint)
+            try:
+                return await send(sender)
+            finally:
+                await sender.close()
+
+    return run(main())
+
+
 def bursts(times: list[float], gap_s: float) -> int:
     return 1 + sum(b - a > gap_s for a, b in zip(times, times[1:]))
 
@@ -66,19 +88,12 @@ def test_layers_paced_by_the_prefill_are_read_in_a_few_batches():
     sink = TimedSink(LAYERS, 16, BLOCK_SIZE, HEADS, HEAD_DIM, torch.bfloat16)
     ticket = sink.issue(ticket_for("paced", [3, 9, 1, 12, 5]))
 
-    async def main():
-        async with receiver_for("tcp", sink) as receiver:
-            sender = sender_for("tcp", receiver.endpoint)
-            try:
-                transfer = await sender.open(ticket)
-                for layer in range(LAYERS):
-                    await transfer.send_layer(layer, payload(src, layer))
-                    await asyncio.sleep(0.01)  # a layer's compute
-                return await transfer.finish(7, None, timeout=10)
-            finally:
-                await sender.close()
+    async def send(sender):
+        transfer = await sender.open(ticket)
+        await send_layers(transfer, src, range(LAYERS), pace_s=0.01)
+        return await transfer.finish(7, None, timeout=10)
 
-    ack = run(main())
+    ack = over_tcp(sink, send)
     assert ack.layers == LAYERS and sink.finished["paced"] == (7, None)
     for layer in range(LAYERS):
         got = gather_layer(*sink.caches[layer], ticket.block_ids, BLOCK_SIZE, TOKENS, 0, HEADS)
@@ -94,24 +109,17 @@ def test_a_sender_that_stops_short_does_not_hold_up_the_next_transfer():
     stopped = sink.issue(ticket_for("stopped", [0, 1, 2, 3, 4]))
     complete = sink.issue(ticket_for("complete", [5, 6, 7, 8, 9]))
 
-    async def main():
-        async with receiver_for("tcp", sink) as receiver:
-            sender = sender_for("tcp", receiver.endpoint)
-            try:
-                first = await sender.open(stopped)
-                for layer in range(3):  # then its prefill fails: no more frames, no END
-                    await first.send_layer(layer, payload(src, layer))
-                second = await sender.open(complete)  # the same connection
-                started = time.monotonic()
-                for layer in range(LAYERS):
-                    await second.send_layer(layer, payload(src, layer))
-                    await asyncio.sleep(0.01)  # read in batches, so its last frames come to a drained socket
-                ack = await second.finish(9, None, timeout=10)
-                return ack, time.monotonic() - started
-            finally:
-                await sender.close()
+    async def send(sender):
+        first = await sender.open(stopped)
+        await send_layers(first, src, range(3))  # then its prefill fails: no more frames, no END
+        second = await sender.open(complete)  # the same connection
+        started = time.monotonic()
+        # paced, so it is read in batches and its last frames come to a drained socket
+        await send_layers(second, src, range(LAYERS), pace_s=0.01)
+        ack = await second.finish(9, None, timeout=10)
+        return ack, time.monotonic() - started
 
-    ack, seconds = run(main())
+    ack, seconds = over_tcp(sink, send)
     assert ack.layers == LAYERS and sink.finished["complete"] == (9, None)
     # the frames the first still owed counted as due until it went quiet; at worst the
     # second's last frames waited out the patience once
