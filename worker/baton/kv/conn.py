@@ -209,7 +209,13 @@ class FrameConn:
         if self.low_water <= 1 or self.closed:
             return
         if self.bytes_read == read_before:
-            self.set_low_water(1)  # the kernel wakes the reader at once if bytes are queued
+            self.set_low_water(1)
+            # look again under the lower mark now: Linux signals a waiting reader itself when
+            # the mark drops below what is queued, not every kernel does (a woken writer
+            # just finds its socket still full and waits again)
+            for waiter in self._waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         else:
             self._patience = self.loop.call_later(patience_s, self._check_patience, self.bytes_read, patience_s)
 
