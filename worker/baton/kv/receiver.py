@@ -237,7 +237,8 @@ class FrameReceiver(KVReceiver):
             return  # dropped while we were reading (expired, receiver closing)
         progress.record_layer(h, self.clock())
         if self.inline_payloads:
-            progress.frame_nbytes = header_nbytes(h) + h.inline_nbytes
+            if not progress.frame_nbytes:  # every LAYER frame of a transfer has the first one's size
+                progress.frame_nbytes = header_nbytes(h) + h.inline_nbytes
             self._batch_reads(conn)
         await self._maybe_complete(h.request_id)
 
