@@ -77,9 +77,11 @@ class FakeWorker:
         await asyncio.sleep(self.prefill_delay_s)
         decode = REGISTRY[body["ticket"]["kv_endpoint"]]
         tokens = decode.continuation(body["prompt_token_ids"], body["params"])
-        return web.json_response({"first_token": tokens[0], "transfer": {
-            "bytes": 1000 * len(body["prompt_token_ids"]), "transfer_seconds": 0.001, "wire_seconds": 0.001,
-            "prefill_seconds": 0.0001 * len(body["prompt_token_ids"])}})
+        transfer = {"bytes": 1000 * len(body["prompt_token_ids"]), "transfer_seconds": 0.001, "wire_seconds": 0.001,
+                    "prefill_seconds": max(0.0001 * len(body["prompt_token_ids"]), self.prefill_delay_s)}
+        if self.prefill_seconds_per_token:  # its step costs, as a real prefill worker reports them
+            transfer["prefill_seconds_per_token"] = self.prefill_seconds_per_token
+        return web.json_response({"first_token": tokens[0], "transfer": transfer})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, "generate")

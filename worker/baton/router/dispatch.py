@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ from baton.router.policy import (
     PrefixIndex,
     WorkerSnapshot,
     choose_path,
+    decodes_stalled_by_local,
     prefill_queue_ahead,
+    prompts_held_up,
     rank_decode,
     rank_prefill,
 )
@@ -84,6 +87,7 @@ class Dispatcher:
         self.deadlines = deadlines or Deadlines()
         self.index = index or PrefixIndex()
         self._background: set[asyncio.Task] = set()
+        self._remote_sends: deque[tuple[float, int]] = deque(maxlen=4096)  # when, and tokens to prefill
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: dict) -> AsyncIterator[Chunk]:
         """Chunks of new token ids until one carries a finish reason."""
@@ -113,12 +117,17 @@ class Dispatcher:
         decode = await self._decode_candidates(hashes=hashes, prompt_tokens=len(prompt))
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
-        queued = prefill_queue_ahead(prefill[0].inflight_prompts, len(prompt) - cached,
-                                     prefill[0].chunk_size) if prefill else 0
-        threshold = self.estimator.threshold(decoding=decode[0].current, queued_tokens=queued,
-                                             local_s_per_token=decode[0].prefill_s_per_token)
-        path = choose_path(len(prompt) - cached, threshold, bool(prefill))
+        uncached = len(prompt) - cached
+        queue, chunk = (prefill[0].inflight_prompts, prefill[0].chunk_size) if prefill else ((), 0)
+        queued = prefill_queue_ahead(queue, uncached, chunk)
+        threshold = self.estimator.threshold(decoding=self._stalled_by_local(decode[0], queue, uncached, chunk),
+                                             queued_tokens=queued,
+                                             held_prompts=self._held_up(uncached, queued, len(prefill), chunk),
+                                             local_s_per_token=decode[0].prefill_s_per_token,
+                                             local_queued_tokens=sum(decode[0].inflight_prompts))
+        path = choose_path(uncached, threshold, bool(prefill))
         if path == "remote":
+            self._remote_sends.append((time.monotonic(), uncached))
             try:
                 async with aclosing(self._remote(rid, prompt, params, hashes)) as chunks:
                     async for chunk in chunks:
@@ -131,6 +140,26 @@ class Dispatcher:
         async with aclosing(self._local(rid, prompt, params, hashes, decode[0].url)) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    def _held_up(self, tokens: int, queued_tokens: int, prefill_workers: int, chunk_size: int) -> float:
+        """The prompts a remote prefill of `tokens` would hold up on the prefill pool (none
+        until its costs are measured): those arriving while it waits there, O_fixed plus its
+        queue and its own tokens."""
+        o_fixed, rate = self.estimator.o_fixed_s.value, self.estimator.prefill_s_per_token.value
+        if o_fixed is None or not rate:
+            return 0.0
+        return prompts_held_up(self._remote_sends, time.monotonic(), tokens, o_fixed + (queued_tokens + tokens) * rate,
+                               prefill_workers, chunk_size)
+
+    def _stalled_by_local(self, decode: WorkerSnapshot, prefill_queue: tuple[int, ...], tokens: int,
+                          chunk_size: int) -> int:
+        """The requests on `decode` a local prefill of `tokens` would hold up (all at work there
+        until the prefill rates are measured)."""
+        remote_rate = self.estimator.prefill_s_per_token.value
+        local_rate = decode.prefill_s_per_token or remote_rate
+        if not remote_rate or not local_rate:
+            return decode.current
+        return decodes_stalled_by_local(decode, prefill_queue, tokens, local_rate, remote_rate, chunk_size)
 
     async def _decode_candidates(self, exclude: set[str] = frozenset(), hashes: list[int] | None = None,
                                  prompt_tokens: int = 0) -> list[WorkerSnapshot]:
@@ -212,11 +241,14 @@ class Dispatcher:
             answer, d_url = None, None
             try:
                 d_url, ticket = await self._reserve(try_rid, prompt, params)  # counted there
+                self.pool.begin_remote_prefill(d_url)
                 answer = await self._prefill(p_url, d_url, try_rid, prompt, params, ticket, excluded)
             finally:
                 self.pool.end(p_url, uncached)
-                if answer is None and d_url is not None:  # failed or cancelled: reservation returned
-                    self.pool.end(d_url)
+                if d_url is not None:
+                    self.pool.end_remote_prefill(d_url)
+                    if answer is None:  # failed or cancelled: reservation returned
+                        self.pool.end(d_url)
             if answer is None:
                 continue
             try:

@@ -29,6 +29,7 @@ class WorkerSnapshot:
     chunk_size: int = 0  # its longest prompt chunk (0: whole prompts), from its state
     prefill_s_per_token: float | None = None  # its own measured cost of a prompt token
     inflight_at_poll: int = 0  # this router's outstanding requests there when it last polled
+    awaiting_remote: int = 0  # of this router's requests there, those whose prompts still prefill elsewhere
 
     @property
     def accepts_work(self) -> bool:
@@ -105,6 +106,62 @@ def prefill_queue_ahead(queued_prompts: Iterable[int], tokens: int, chunk_size: 
     if longer:
         ahead += (min(min(longer), chunk_size) if chunk_size > 0 else min(longer)) // 2
     return ahead
+
+
+def prompts_done_within(queued_prompts: Iterable[int], seconds: float, s_per_token: float) -> int:
+    """How many of a prefill worker's queued prompts (their tokens) it finishes within
+    `seconds`, taking them fewest tokens first at `s_per_token`."""
+    if s_per_token <= 0:
+        return 0
+    room, done = seconds / s_per_token, 0
+    for tokens in sorted(queued_prompts):
+        if tokens > room:
+            break
+        room -= tokens
+        done += 1
+    return done
+
+
+RECENT_SENDS_WINDOW_S = 10.0  # how far back the rate of prompts sent to the prefill pool is counted
+
+
+def prompts_held_up(recent_sends: Iterable[tuple[float, int]], now: float, tokens: int, wait_s: float,
+                    prefill_workers: int = 1, chunk_size: int = 0, window_s: float = RECENT_SENDS_WINDOW_S) -> float:
+    """The prompts a prompt of `tokens` sent to the prefill pool holds up there: those of at
+    least its tokens (a prefill worker takes the fewest first) that reach its worker while it
+    waits there (`wait_s`), at the rate such prompts were sent over the last `window_s`
+    (`recent_sends`: when, and how many tokens to prefill), shared by `prefill_workers`. The
+    queue found at the moment stood for them once: on a pair whose prefill worker cleared
+    each 64-token prompt in ~0.1 s, two of them in flight together made short prompts count
+    one held up, and a third of them prefilled beside eight streams, later than they would
+    have come back from the prefill worker (bench/interference.py, C0, on a Zen 4 pair).
+    None for a prompt longer than the worker's chunk (`chunk_size`): kept home, its chunks
+    would attend over a growing context, which the decode worker's rate, measured on short
+    chunks, does not price (a 2,000-token prompt counted as holding up the prompts queued
+    there prefilled beside a decode worker's eight streams in 50-64 ms steps)."""
+    if (chunk_size and tokens > chunk_size) or wait_s <= 0 or window_s <= 0:
+        return 0.0
+    sent = sum(1 for at, queued in recent_sends if now - at <= window_s and queued >= tokens)
+    return sent / window_s * wait_s / max(prefill_workers, 1)
+
+
+def decodes_stalled_by_local(decode: WorkerSnapshot, prefill_queue: Iterable[int], tokens: int,
+                             local_s_per_token: float, prefill_s_per_token: float, chunk_size: int = 0) -> int:
+    """The requests a local prefill of `tokens` on `decode` holds up: those at work there
+    now, except this router's reservations whose prompts still wait on the prefill worker
+    (its queue `prefill_queue`, prompt tokens each) and will not stream before the local
+    prefill ends; those its prefill worker finishes within the local prefill's time do.
+    Counting every reservation as a stream kept all 256-token prompts away from a decode
+    worker running two or three streams, its other five or six requests queued on a
+    prefill-bound worker (a Zen 4 core, bench/serving.py), though the local prefill would
+    have stalled the three. A prompt longer than the prefill worker's chunk (`chunk_size`)
+    counts every request there: its local time is not priced past a chunk (see
+    prompts_held_up)."""
+    if chunk_size and tokens > chunk_size:
+        return decode.current
+    awaiting = min(decode.awaiting_remote, decode.current)
+    arriving = prompts_done_within(prefill_queue, tokens * local_s_per_token, prefill_s_per_token)
+    return decode.current - awaiting + min(awaiting, arriving)
 
 
 def choose_path(uncached_tokens: int, threshold: float, has_prefill_worker: bool) -> str:

@@ -36,6 +36,7 @@ class WorkerPool:
         self._snapshots: dict[str, WorkerSnapshot] = {}
         self._inflight: dict[str, int] = {}
         self._inflight_prompts: dict[str, list[int]] = {}  # prompt tokens to prefill, prompt by prompt
+        self._awaiting_remote: dict[str, int] = {}  # reservations here whose prompts prefill elsewhere still
         self._counters: dict[str, dict[str, float]] = {}
         self.changed = asyncio.Event()  # set whenever a worker may have become usable
 
@@ -66,7 +67,8 @@ class WorkerPool:
         out = []
         for url, s in self._snapshots.items():
             prompts = tuple(self._inflight_prompts.get(url, ()))
-            out.append(replace(s, inflight=self._inflight.get(url, 0), inflight_prompts=prompts))
+            out.append(replace(s, inflight=self._inflight.get(url, 0), inflight_prompts=prompts,
+                               awaiting_remote=self._awaiting_remote.get(url, 0)))
         return out
 
     def begin(self, url: str, tokens: int = 0) -> None:
@@ -87,6 +89,14 @@ class WorkerPool:
         there as waiting to prefill."""
         self._inflight[url] = max(0, self._inflight.get(url, 0) - 1)
         self.prefilled(url, tokens)
+
+    def begin_remote_prefill(self, url: str) -> None:
+        """A request reserved at decode worker `url` is prefilling on a prefill worker."""
+        self._awaiting_remote[url] = self._awaiting_remote.get(url, 0) + 1
+
+    def end_remote_prefill(self, url: str) -> None:
+        """Its prefill answered (or failed): it streams at `url` now, or not at all."""
+        self._awaiting_remote[url] = max(0, self._awaiting_remote.get(url, 0) - 1)
 
     def mark_failed(self, url: str) -> None:
         """A request failed to reach the worker: no new work until a poll succeeds."""

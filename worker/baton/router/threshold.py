@@ -25,6 +25,19 @@ worker's: it runs in chunks next to the decodes, under their TPOT cap, often too
 the fast prompt products. The decode worker measures it from its own steps (`/internal/state`
 `prefill_seconds_per_token`) and the local side of the formula uses it where known:
     L_thresh = (O_fixed + Q·t_tok) / (t_local·(1 + n) − kv/BW).
+
+The two paths' queues and what each holds up, in full. A remote prompt holds up the m
+prompts that will wait behind it on the prefill worker (each loses L·t_tok): in its order,
+fewest tokens first, those of at least its tokens that arrive while it waits there. By
+Little's law m = λ·W: λ the rate such prompts were sent to the pool lately, W its own wait
+there, O_fixed + (Q + L)·t_tok (policy.prompts_held_up). A local prompt waits for the
+Q_local prompt tokens the decode worker is still to prefill (it takes them in arrival order):
+    L_thresh = (O_fixed + Q·t_tok − Q_local·t_local) / (t_local·(1 + n) − kv/BW − m·t_tok).
+An idle prefill pool and an idle decode queue (m = Q_local = 0) leave the formula as it was;
+a prefill-bound pool keeps prompts home while the decode worker stalls fewer streams than
+the prefill queue would hold up. n counts the streams that would decode during the local
+prefill: a reservation whose prompt is still queued on the prefill worker is not one of
+them unless it arrives within the local prefill's time (policy.decodes_stalled_by_local).
 """
 
 from __future__ import annotations
@@ -37,15 +50,22 @@ DEFAULT_FALLBACK_TOKENS = 512.0
 
 def threshold_tokens(o_fixed_s: float, prefill_s_per_token: float, kv_bytes_per_token: float,
                      link_bytes_per_s: float, decoding: float = 0.0, queued_tokens: float = 0.0,
-                     local_s_per_token: float | None = None) -> float:
-    """L_thresh in tokens; infinity when sending a token costs more than computing it here
-    (counting the decodes it stalls). `local_s_per_token`: the decode worker's own cost of a
-    prompt token, where measured (else the prefill worker's)."""
+                     local_s_per_token: float | None = None, held_prompts: float = 0.0,
+                     local_queued_tokens: float = 0.0) -> float:
+    """L_thresh in tokens. `local_s_per_token`: the decode worker's own cost of a prompt
+    token, where measured (else the prefill worker's); `held_prompts`: those a remote prompt
+    holds up on the prefill worker; `local_queued_tokens`: prompt tokens the decode worker
+    prefills first. Infinity where a token costs more sent than computed here (counting the
+    decodes it stalls and the prompts it holds up) and the remote wait is the longer; zero
+    where the local wait is longer and nothing favours computing here."""
     local = local_s_per_token if local_s_per_token and local_s_per_token > 0 else prefill_s_per_token
-    per_token_gain = local * (1.0 + max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
+    per_token_gain = (local * (1.0 + max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
+                      - max(held_prompts, 0.0) * prefill_s_per_token)
+    wait_saved = (max(0.0, o_fixed_s) + max(queued_tokens, 0.0) * prefill_s_per_token
+                  - max(local_queued_tokens, 0.0) * local)
     if per_token_gain <= 0:
-        return math.inf
-    return (max(0.0, o_fixed_s) + max(queued_tokens, 0.0) * prefill_s_per_token) / per_token_gain
+        return math.inf if wait_saved > 0 else 0.0
+    return max(wait_saved, 0.0) / per_token_gain
 
 
 def parse_threshold(value: str | int | float | None) -> float | None:
@@ -110,10 +130,13 @@ class ThresholdEstimator:
         self.o_fixed_s.observe(max(0.0, ttft_s - worker - tokens * kv / bw))
 
     def threshold(self, decoding: float = 0.0, queued_tokens: float = 0.0,
-                  local_s_per_token: float | None = None) -> float:
+                  local_s_per_token: float | None = None, held_prompts: float = 0.0,
+                  local_queued_tokens: float = 0.0) -> float:
         """For a prompt headed to a decode worker with `decoding` requests on it and its own
         measured cost of a prompt token `local_s_per_token` (None: not measured), while the
-        best prefill worker has `queued_tokens` prompt tokens to prefill first. A fixed
+        best prefill worker has `queued_tokens` prompt tokens to prefill first and
+        `held_prompts` prompts a remote one would hold up, and the decode worker
+        `local_queued_tokens` (see `threshold_tokens`). A fixed
         threshold ignores load; the fallback (inputs not yet measured) stands for
         O_fixed / t_tok and moves with load as the formula does."""
         if self.fixed is not None:
@@ -123,7 +146,8 @@ class ThresholdEstimator:
         if any(v is None for v in inputs):
             return (self.fallback + max(queued_tokens, 0.0)) / (1.0 + max(decoding, 0.0))
         return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
-                                local_s_per_token=local_s_per_token)
+                                local_s_per_token=local_s_per_token, held_prompts=held_prompts,
+                                local_queued_tokens=local_queued_tokens)
 
     def explain(self) -> dict:
         return {"mode": "fixed" if self.fixed is not None else "auto",
