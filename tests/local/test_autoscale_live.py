@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import threading
 import time
@@ -169,11 +170,20 @@ def assert_pressured_pool(conversion: dict, grown: str) -> None:
     A pool that cannot meet its objective at any size (a decode step slower than the TPOT
     objective, as on a slow or crowded CPU) has no finite utilisation, and /decisions leaves
     it out: then there is nothing to compare with.
+
+    Decode concurrency counts a request from its arrival (Little's law over TTFT + its
+    output): its KV is reserved on a decode worker while its prompt waits on the prefill pool.
+    Where that wait is most of it, a prefill-bound fleet shows a busy decode pool too (a Zen 4
+    machine: prefill at 0.96, decode at 1.02, 11.7 of 11.7 requests there waiting on a
+    predicted 23 s TTFT); then the conversion must shorten the predicted TTFT instead.
     """
     shrunk = {"prefill": "decode", "decode": "prefill"}[grown]
     outputs = conversion["outputs"]
     assert f"{grown}_utilisation" in outputs, conversion
-    if f"{shrunk}_utilisation" in outputs:
+    waiting_on_prefill = conversion["inputs"]["arrival_rate"] * outputs.get("predicted_ttft_s", 0.0)
+    if grown == "prefill" and waiting_on_prefill > 0.5 * outputs.get("concurrency", math.inf):
+        assert outputs["desired_ttft_s"] < outputs["predicted_ttft_s"], conversion
+    elif f"{shrunk}_utilisation" in outputs:
         assert outputs[f"{grown}_utilisation"] > outputs[f"{shrunk}_utilisation"], conversion
 
 

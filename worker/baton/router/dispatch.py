@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from baton.engine.block_manager import block_hashes
 from baton.router.metrics import RouterMetrics
 from baton.router.policy import (
+    RECENT_SENDS_WINDOW_S,
     PrefixIndex,
     WorkerSnapshot,
     choose_path,
@@ -87,7 +88,7 @@ class Dispatcher:
         self.deadlines = deadlines or Deadlines()
         self.index = index or PrefixIndex()
         self._background: set[asyncio.Task] = set()
-        self._remote_sends: deque[tuple[float, int]] = deque(maxlen=4096)  # when, and tokens to prefill
+        self._remote_sends: deque[tuple[float, int]] = deque(maxlen=4096)  # when, and tokens, lately sent away
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: dict) -> AsyncIterator[Chunk]:
         """Chunks of new token ids until one carries a finish reason."""
@@ -127,7 +128,7 @@ class Dispatcher:
                                              local_queued_tokens=sum(decode[0].inflight_prompts))
         path = choose_path(uncached, threshold, bool(prefill))
         if path == "remote":
-            self._remote_sends.append((time.monotonic(), uncached))
+            self._note_remote_send(uncached)
             try:
                 async with aclosing(self._remote(rid, prompt, params, hashes)) as chunks:
                     async for chunk in chunks:
@@ -141,15 +142,25 @@ class Dispatcher:
             async for chunk in chunks:
                 yield chunk
 
+    def _note_remote_send(self, tokens: int) -> None:
+        """Keep the prompts sent to the prefill pool over the last window, for `_held_up`."""
+        now = time.monotonic()
+        while self._remote_sends and now - self._remote_sends[0][0] > RECENT_SENDS_WINDOW_S:
+            self._remote_sends.popleft()
+        self._remote_sends.append((now, tokens))
+
     def _held_up(self, tokens: int, queued_tokens: int, prefill_workers: int, chunk_size: int) -> float:
         """The prompts a remote prefill of `tokens` would hold up on the prefill pool (none
-        until its costs are measured): those arriving while it waits there, O_fixed plus its
-        queue and its own tokens."""
+        without one, or until its costs are measured): those arriving while it waits there,
+        O_fixed plus its queue and its own tokens."""
         o_fixed, rate = self.estimator.o_fixed_s.value, self.estimator.prefill_s_per_token.value
-        if o_fixed is None or not rate:
+        if not prefill_workers or o_fixed is None or not rate:
             return 0.0
-        return prompts_held_up(self._remote_sends, time.monotonic(), tokens, o_fixed + (queued_tokens + tokens) * rate,
-                               prefill_workers, chunk_size)
+        now, window = time.monotonic(), RECENT_SENDS_WINDOW_S
+        if len(self._remote_sends) == self._remote_sends.maxlen:  # a busier router: the span kept
+            window = min(window, max(now - self._remote_sends[0][0], 1e-3))
+        return prompts_held_up(self._remote_sends, now, tokens, o_fixed + (queued_tokens + tokens) * rate,
+                               prefill_workers, chunk_size, window)
 
     def _stalled_by_local(self, decode: WorkerSnapshot, prefill_queue: tuple[int, ...], tokens: int,
                           chunk_size: int) -> int:
