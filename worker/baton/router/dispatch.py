@@ -119,14 +119,7 @@ class Dispatcher:
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
         uncached = len(prompt) - cached
-        queue, chunk = (prefill[0].inflight_prompts, prefill[0].chunk_size) if prefill else ((), 0)
-        queued = prefill_queue_ahead(queue, uncached, chunk)
-        threshold = self.estimator.threshold(decoding=self._stalled_by_local(decode[0], queue, uncached, chunk),
-                                             queued_tokens=queued,
-                                             held_prompts=self._held_up(uncached, queued, len(prefill), chunk),
-                                             local_s_per_token=decode[0].prefill_s_per_token,
-                                             local_queued_tokens=sum(decode[0].inflight_prompts))
-        path = choose_path(uncached, threshold, bool(prefill))
+        path = choose_path(uncached, self._threshold(decode[0], prefill, uncached), bool(prefill))
         if path == "remote":
             self._note_remote_send(uncached)
             try:
@@ -142,6 +135,20 @@ class Dispatcher:
             async for chunk in chunks:
                 yield chunk
 
+    def _threshold(self, decode: WorkerSnapshot, prefill: list[WorkerSnapshot], uncached: int) -> float:
+        """The disaggregation threshold for a prompt of `uncached` tokens headed to `decode`, with
+        `prefill` the prefill workers best first. Its load terms are worked out only where they
+        count: with a prefill worker to choose, and the threshold not fixed."""
+        if not prefill or not self.estimator.is_auto:
+            return self.estimator.threshold()
+        queue, chunk = prefill[0].inflight_prompts, prefill[0].chunk_size
+        queued = prefill_queue_ahead(queue, uncached, chunk)
+        return self.estimator.threshold(decoding=self._stalled_by_local(decode, queue, uncached, chunk),
+                                        queued_tokens=queued,
+                                        held_prompts=self._held_up(uncached, queued, len(prefill), chunk),
+                                        local_s_per_token=decode.prefill_s_per_token,
+                                        local_queued_tokens=sum(decode.inflight_prompts))
+
     def _note_remote_send(self, tokens: int) -> None:
         """Keep the prompts sent to the prefill pool over the last window, for `_held_up`."""
         now = time.monotonic()
@@ -151,10 +158,10 @@ class Dispatcher:
 
     def _held_up(self, tokens: int, queued_tokens: int, prefill_workers: int, chunk_size: int) -> float:
         """The prompts a remote prefill of `tokens` would hold up on the prefill pool (none
-        without one, or until its costs are measured): those arriving while it waits there,
-        O_fixed plus its queue and its own tokens."""
+        until its costs are measured): those arriving while it waits there, O_fixed plus its
+        queue and its own tokens."""
         o_fixed, rate = self.estimator.o_fixed_s.value, self.estimator.prefill_s_per_token.value
-        if not prefill_workers or o_fixed is None or not rate:
+        if o_fixed is None or not rate:
             return 0.0
         now, window = time.monotonic(), RECENT_SENDS_WINDOW_S
         if len(self._remote_sends) == self._remote_sends.maxlen:  # a busier router: the span kept
