@@ -36,6 +36,9 @@ def _paged(lens: list[int], hkv: int, d: int, kv_dtype: torch.dtype, block_size:
     ([40, 2000], 8, 8, 128),  # no grouping, the widest vectorized head, one long context
     ([33, 5], 8, 4, 32),  # a head size the portable loops take
     ([20], 32, 1, 64),  # more query heads on one KV head than one pass takes
+    ([70, 5], 8, 4, 64),  # groups of 2 and 4 heads, each V row widened once for the group
+    ([37, 3], 4, 1, 64),
+    ([50, 131], 4, 2, 128),
 ])
 def test_it_matches_the_torch_path(lib, kv_dtype, lens, hq, hkv, d):
     k_cache, v_cache, tables = _paged(lens, hkv, d, kv_dtype)

@@ -116,6 +116,23 @@ static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t p
 #include <immintrin.h>
 #endif
 
+#if defined(__AVX512F__)
+/* The sums of four vectors' 16 lanes each, as lanes 0-3: pairs interleaved and added within
+ * each 128-bit quarter, then the quarters added (13 instructions for four sums, where one
+ * _mm512_reduce_add_ps each is about eight). */
+static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+    /* each quarter: a's, b's, c's, d's sum over that quarter */
+    const __m512 quarters = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                          _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+    const __m512 halves = _mm512_add_ps(quarters, _mm512_shuffle_f32x4(quarters, quarters, 0x4E));
+    const __m512 whole = _mm512_add_ps(halves, _mm512_shuffle_f32x4(halves, halves, 0xB1));
+    return _mm512_castps512_ps128(whole);
+}
+#endif
+
 /* e^x as 2^n * e^r, |r| <= ln2 / 2: ln 2 in two parts (r exact in float32) and Cephes' expf
  * coefficients; exp_in_place and prompt_attention*.h's vector forms all use these. */
 #define EXP_LOG2E 1.44269504088896341f

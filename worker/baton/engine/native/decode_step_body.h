@@ -35,7 +35,11 @@ static void FN(rope_heads)(float *x, int heads, int head_dim, const float *cos_s
 /* rows[i]: the K/V row offset of token start + i for one KV head, for i < n; and a request to
  * load those rows, made a block ahead of their use: one KV head's rows are a few hundred
  * bytes apart and its blocks scattered over the pool, so without it the attention loops
- * wait on memory for each row in turn. */
+ * wait on memory for each row in turn. The rows are asked for into L2, not L1: a block's
+ * 128 lines are more misses than L1 keeps in flight. Asked for into L1, the attention of 8
+ * rows over contexts of 300 (SmolLM2's 30 layers, each its own bf16 cache) took 12.9-14.1 ms
+ * on a Zen 4 core, into L2 7.7-10.2 (median 8.0), 3.9 with the rows already in cache
+ * (bench/decode_attention.py; bench/results/decode_attention.zen4.json). */
 static void FN(locate_rows)(const KV_ELEM *k_cache, const KV_ELEM *v_cache, const int32_t *table,
                             int block_size, int start, int n, int kv_head, int num_kv_heads,
                             int head_dim, int64_t *rows) {
@@ -47,8 +51,8 @@ static void FN(locate_rows)(const KV_ELEM *k_cache, const KV_ELEM *v_cache, cons
         if (offset == block_size) block++, offset = 0;
         rows[i] = (((int64_t)table[block] * block_size + offset) * num_kv_heads + kv_head) * head_dim;
         for (int byte = 0; byte < row_bytes; byte += 64) {
-            __builtin_prefetch((const char *)(k_cache + rows[i]) + byte);
-            __builtin_prefetch((const char *)(v_cache + rows[i]) + byte);
+            __builtin_prefetch((const char *)(k_cache + rows[i]) + byte, 0, 2);
+            __builtin_prefetch((const char *)(v_cache + rows[i]) + byte, 0, 2);
         }
     }
 }
@@ -77,6 +81,32 @@ static inline __attribute__((always_inline)) void FN(block_scores_avx512)(
     }
 }
 
+/* block_scores_avx512 for head_dim 64 and a group of up to 4 heads, four tokens at a time:
+ * their K rows widened once for the group, and each head's four scores summed across lanes
+ * together (sum4) rather than one reduction each, which was most of the scores' work. */
+static inline __attribute__((always_inline)) void FN(group_scores_avx512)(
+    const float *q, const int heads, const KV_ELEM *k_cache, const int64_t *rows, int n, float scale,
+    float p[][ATTENTION_TOKENS]) {
+    const __m128 scaled = _mm_set1_ps(scale);
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        __m512 kc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < 4; c++) kc[i][c] = KV_LOAD16(k_cache + rows[t + i] + 16 * c);
+        for (int g = 0; g < heads; g++) {
+            const float *qg = q + g * 64;
+            __m512 s[4];
+            for (int i = 0; i < 4; i++) s[i] = _mm512_mul_ps(_mm512_loadu_ps(qg), kc[i][0]);
+            for (int c = 1; c < 4; c++) {
+                const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
+                for (int i = 0; i < 4; i++) s[i] = _mm512_fmadd_ps(qc, kc[i][c], s[i]);
+            }
+            _mm_storeu_ps(&p[g][t], _mm_mul_ps(sum4(s[0], s[1], s[2], s[3]), scaled));
+        }
+    }
+    if (t < n) FN(block_scores_avx512)(q, heads, k_cache, rows + t, n - t, 4, scale, (float (*)[ATTENTION_TOKENS])&p[0][t]);
+}
+
 static inline __attribute__((always_inline)) void FN(block_values_avx512)(
     float p[][ATTENTION_TOKENS], int heads, const KV_ELEM *v_cache, const int64_t *rows, int n,
     const int chunks, float *out) {
@@ -92,13 +122,42 @@ static inline __attribute__((always_inline)) void FN(block_values_avx512)(
         for (int c = 0; c < chunks; c++) _mm512_storeu_ps(og + 16 * c, acc[c]);
     }
 }
+
+/* block_values_avx512 for a group small enough that all its heads' sums stay in registers
+ * (heads x chunks <= 16): each V row is loaded and widened once for the whole group, not
+ * once a head. `heads` and `chunks` are constants at each call, so the loops unroll. */
+static inline __attribute__((always_inline)) void FN(group_values_avx512)(
+    float p[][ATTENTION_TOKENS], const int heads, const KV_ELEM *v_cache, const int64_t *rows, int n,
+    const int chunks, float *out) {
+    __m512 acc[16];
+    for (int i = 0; i < heads * chunks; i++) acc[i] = _mm512_loadu_ps(out + 16 * i);
+    for (int t = 0; t < n; t++) {
+        const KV_ELEM *v = v_cache + rows[t];
+        __m512 vc[ATTENTION_CHUNKS];
+        for (int c = 0; c < chunks; c++) vc[c] = KV_LOAD16(v + 16 * c);
+        for (int g = 0; g < heads; g++) {
+            const __m512 weight = _mm512_set1_ps(p[g][t]);
+            for (int c = 0; c < chunks; c++) acc[g * chunks + c] = _mm512_fmadd_ps(weight, vc[c], acc[g * chunks + c]);
+        }
+    }
+    for (int i = 0; i < heads * chunks; i++) _mm512_storeu_ps(out + 16 * i, acc[i]);
+}
 #endif
 
 /* p[g][t] = q_g . k_t * scale for the block's n tokens. */
 static void FN(block_scores)(const float *q, int heads, const KV_ELEM *k_cache, const int64_t *rows,
                              int n, int head_dim, float scale, float p[][ATTENTION_TOKENS]) {
 #if defined(__AVX512F__)
-    if (head_dim == 64) { FN(block_scores_avx512)(q, heads, k_cache, rows, n, 4, scale, p); return; }
+    if (head_dim == 64) {
+        switch (heads) {
+        case 1: FN(group_scores_avx512)(q, 1, k_cache, rows, n, scale, p); return;
+        case 2: FN(group_scores_avx512)(q, 2, k_cache, rows, n, scale, p); return;
+        case 3: FN(group_scores_avx512)(q, 3, k_cache, rows, n, scale, p); return;
+        case 4: FN(group_scores_avx512)(q, 4, k_cache, rows, n, scale, p); return;
+        }
+        FN(block_scores_avx512)(q, heads, k_cache, rows, n, 4, scale, p);
+        return;
+    }
     if (head_dim == 128) { FN(block_scores_avx512)(q, heads, k_cache, rows, n, 8, scale, p); return; }
 #endif
     for (int t = 0; t < n; t++) {
@@ -117,7 +176,21 @@ static void FN(block_scores)(const float *q, int heads, const KV_ELEM *k_cache, 
 static void FN(block_values)(float p[][ATTENTION_TOKENS], int heads, const KV_ELEM *v_cache,
                              const int64_t *rows, int n, int head_dim, float *out) {
 #if defined(__AVX512F__)
-    if (head_dim == 64) { FN(block_values_avx512)(p, heads, v_cache, rows, n, 4, out); return; }
+    if (head_dim == 64) {
+        switch (heads) { /* GQA groups of up to 4 heads: one widened V row for all */
+        case 1: FN(group_values_avx512)(p, 1, v_cache, rows, n, 4, out); return;
+        case 2: FN(group_values_avx512)(p, 2, v_cache, rows, n, 4, out); return;
+        case 3: FN(group_values_avx512)(p, 3, v_cache, rows, n, 4, out); return;
+        case 4: FN(group_values_avx512)(p, 4, v_cache, rows, n, 4, out); return;
+        }
+        FN(block_values_avx512)(p, heads, v_cache, rows, n, 4, out);
+        return;
+    }
+    if (head_dim == 128 && heads <= 2) {
+        if (heads == 1) FN(group_values_avx512)(p, 1, v_cache, rows, n, 8, out);
+        else FN(group_values_avx512)(p, 2, v_cache, rows, n, 8, out);
+        return;
+    }
     if (head_dim == 128) { FN(block_values_avx512)(p, heads, v_cache, rows, n, 8, out); return; }
 #endif
     for (int t = 0; t < n; t++) {
