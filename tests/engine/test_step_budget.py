@@ -10,6 +10,7 @@ from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
     CHUNK_LINE_STEPS,
     COLOCATED_BANK_OBJECTIVES,
+    COLOCATED_PROMPT_SHARE,
     CONTEXT_FIT_STEPS,
     DEFAULT_BANK_OBJECTIVES,
     MIN_PROMPT_TOKENS_PER_STEP,
@@ -19,6 +20,7 @@ from baton.engine.step_budget import (
     RowTiles,
     StepCosts,
     attention_work,
+    colocated_bank,
     default_bank_objectives,
     on_row_tiles,
     prefill_token_budget,
@@ -258,6 +260,54 @@ def test_a_colocated_worker_banks_by_default_and_the_others_do_not():
     assert converted.bank_objectives == COLOCATED_BANK_OBJECTIVES
     with pytest.raises(ValueError, match="tpot_bank_objectives"):
         EngineConfig(tpot_bank_objectives=0.5).validate()
+
+
+def test_a_colocated_worker_banks_only_as_far_as_its_decodes_leave_prompts_too_little():
+    objective = 0.035
+    # decodes of 11 ms (a Zen 4 core, four streams) leave prompts 69% of a 35 ms step: no bank
+    assert colocated_bank(0.011, objective) == 1.0
+    # decodes of 20 ms (a Xeon with AMX) leave 43%: the most, where 1.4 left 59%
+    assert colocated_bank(0.020, objective) == COLOCATED_BANK_OBJECTIVES
+    # between, the least bank whose longest step leaves the share
+    bank = colocated_bank(0.017, objective)
+    assert 1 < bank < COLOCATED_BANK_OBJECTIVES
+    assert 1 - 0.017 / (bank * objective) == pytest.approx(COLOCATED_PROMPT_SHARE)
+    assert colocated_bank(0.017, objective, most=1.1) == 1.1  # never past the most
+    assert colocated_bank(None, objective) == COLOCATED_BANK_OBJECTIVES  # not measured yet: the most
+    assert colocated_bank(0.050, 0.0) == COLOCATED_BANK_OBJECTIVES  # no objective
+
+
+def test_a_colocated_engine_spends_saved_time_only_where_its_decodes_crowd_prompts_out(engine_fp32, monkeypatch):
+    """A colocated engine (role both, no bank asked for) whose stream has saved time: where its
+    decodes take a quarter of the objective the step stays within it, the prompt chunk what
+    fits there; where they take 60% the saved time buys a larger chunk, up to the most."""
+    from baton.engine.sampling import SamplingParams
+
+    engine = engine_fp32
+    assert engine.config.role == "both"
+    monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    monkeypatch.setattr(engine.config, "tpot_bank_objectives", None)
+    engine.add_request("Pacing:", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                       request_id="paced")
+    try:
+        for _ in range(3):
+            engine.step()
+        engine.add_request("A waiting prompt " * 40, SamplingParams(max_tokens=1), request_id="waiting")
+        seq = engine.sequences["paced"]
+        made = seq.num_completion_tokens - 1
+        seq.paced_from = (time.monotonic() - 0.01 * made, 1)  # far ahead of its pace
+
+        monkeypatch.setattr(engine, "step_costs", costs_of(0.02, 0.005, 0.001))  # 1 decode: 25 ms
+        assert engine._prefill_cap() == pytest.approx(75, abs=2)  # (100 - 25) ms: no bank
+
+        monkeypatch.setattr(engine, "step_costs", costs_of(0.055, 0.005, 0.001))  # 1 decode: 60 ms
+        most = COLOCATED_BANK_OBJECTIVES
+        assert colocated_bank(0.06, 0.1) == most
+        assert engine._prefill_cap() == pytest.approx(1000 * (most * 0.1 - 0.06), abs=2)  # 80 past 40
+    finally:
+        for rid in ("paced", "waiting"):
+            engine.abort(rid)
+            engine.release(rid)
 
 
 def test_a_colocated_step_may_spend_saved_time_up_to_its_bank():

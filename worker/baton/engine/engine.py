@@ -23,6 +23,7 @@ from baton.engine.stats import EngineStats, off_cpu_seconds
 from baton.engine.step_budget import (
     StepCosts,
     attention_work,
+    colocated_bank,
     prefill_token_budget,
     prompt_batch_tokens,
     step_allowance_s,
@@ -319,6 +320,8 @@ class Engine:
                  for seq in decoding if seq.paced_from is not None]
         deferred = now - self._prompts_deferred_since if self._prompts_deferred_since is not None else 0.0
         bank = self.config.bank_objectives
+        if self.config.role == "both" and self.config.tpot_bank_objectives is None:
+            bank = colocated_bank(self.step_costs.decode_step_s(len(decoding)), objective, bank)
         # the next chunk is the first running prompt's (the scheduler's order), else a new one's
         head = next((seq for seq in self.scheduler.running if seq.in_prefill), None)
         start = head.num_computed_tokens if head is not None else 0

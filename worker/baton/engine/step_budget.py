@@ -15,8 +15,9 @@ T bounds each decode's time per output token as TPOT counts it: over its tokens 
 step by step (`step_allowance_s`). Decode-only steps faster than T save time that a later
 step may spend on a larger prompt chunk, up to `bank` objectives: on a decode worker one by
 default, so that no step runs past T and each gap between tokens stays within it
-(DEFAULT_BANK_OBJECTIVES); on a colocated worker 1.4 (COLOCATED_BANK_OBJECTIVES), each stream
-starting with some time already saved (STARTING_CREDIT_STEPS). Where any step with prompt
+(DEFAULT_BANK_OBJECTIVES); on a colocated worker up to 1.4 (COLOCATED_BANK_OBJECTIVES), as
+far as leaves prompt chunks a worthwhile share of the step beside its decodes
+(`colocated_bank`), each stream starting with some time already saved (STARTING_CREDIT_STEPS). Where any step with prompt
 tokens has a large fixed cost (a CPU dequantizing weight tiles for it), many small chunks would each pay it, and the
 decodes would run near T on every step, where a few larger chunks keep their mean well under T.
 So the prompt cost is fitted as a line, g(P) = F + s·P, and while what fits now is a chunk
@@ -52,14 +53,23 @@ UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once deco
 # two colocated workers): banking 4 objectives of 100 ms let a 256-token prompt run whole
 # beside four decodes, a 125 ms gap at p99 (2.46x vLLM's); 1 objective of 50 ms gave 58 ms.
 DEFAULT_BANK_OBJECTIVES = 1.0
-# A colocated worker's: its steps may run to 1.4 objectives while each stream's mean stays
-# within one. Its prompts have no other worker to prefill them, and with every step held to
-# the objective their chunks stayed small beside the decodes. Two colocated workers of a Xeon
-# with AMX under vLLM's client (bench/serving.py, 35 ms objective, single runs each): TTFT p50
-# 427-512 ms, ITL p99 45-52 ms at 1; 311-335 and 50 ms at 1.3; 260-339 and 53-56 ms at 1.4,
-# with 5-16% more tokens/s. A decode worker of a P/D pair keeps 1: its local prompts are the
-# router's choice, and there 1.4 raised ITL p99 from 45-46 to 53-59 ms for no gain in TTFT.
+# A colocated worker's most: its steps may run to 1.4 objectives while each stream's mean
+# stays within one. Its prompts have no other worker to prefill them, and with every step held
+# to the objective their chunks stayed small beside the decodes. Two colocated workers of a
+# Xeon with AMX under vLLM's client (bench/serving.py, 35 ms objective, single runs each): TTFT
+# p50 427-512 ms, ITL p99 45-52 ms at 1; 311-335 and 50 ms at 1.3; 260-339 and 53-56 ms at
+# 1.4, with 5-16% more tokens/s. A decode worker of a P/D pair keeps 1: its local prompts are
+# the router's choice, and there 1.4 raised ITL p99 from 45-46 to 53-59 ms for no gain in TTFT.
 COLOCATED_BANK_OBJECTIVES = 1.4
+# How far a colocated worker's steps may pass the objective follows from what its decodes
+# cost: only as far as leaves a prompt chunk this share of the step (`colocated_bank`). A
+# step beside decodes of t_dec gives prompts (bank·T − t_dec) of it, so the bank buys prompt
+# throughput only where t_dec is a large part of T. On the Xeon above a colocated worker's
+# decode steps took ~20 ms: 43% of a 35 ms step left to prompts, 59% at 1.4. On a Zen 4 core
+# they took 10-13 ms, 66-71% left at 1: two colocated workers under vLLM's client (two rounds
+# each) made TTFT p50 390 and 495 ms with ITL p99 54.9 and 75.0 ms at 1.4
+# (bench/results/serving.zen4.run48.json), 453 and 475 ms with 40.5 and 43.3 ms at 1.
+COLOCATED_PROMPT_SHARE = 0.6
 # Each stream starts with this many longest steps' time past the objective already saved
 # ((bank - 1)·T each; none where the bank is 1). Without it the stream that has just left its
 # prompt, having saved nothing, held the next prompt's chunks to the objective itself for its
@@ -77,8 +87,19 @@ CHUNK_LINE_STEPS = 16
 
 
 def default_bank_objectives(role: str) -> float:
-    """The bank a worker of `role` runs with unless told otherwise."""
+    """The bank a worker of `role` runs with unless told otherwise (a colocated worker's
+    most: `colocated_bank` sets it step by step)."""
     return COLOCATED_BANK_OBJECTIVES if role == "both" else DEFAULT_BANK_OBJECTIVES
+
+
+def colocated_bank(decode_step_s: float | None, tpot_objective_s: float,
+                   most: float = COLOCATED_BANK_OBJECTIVES) -> float:
+    """A colocated worker's bank beside decodes whose own step takes `decode_step_s`: the
+    least, from 1 up to `most`, whose longest step leaves prompt chunks COLOCATED_PROMPT_SHARE
+    of it; `most` until the decodes' cost is measured."""
+    if decode_step_s is None or not tpot_objective_s:
+        return most
+    return min(max(decode_step_s / ((1 - COLOCATED_PROMPT_SHARE) * tpot_objective_s), 1.0), most)
 
 
 def attention_work(start: int, tokens: int) -> int:

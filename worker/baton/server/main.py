@@ -7,7 +7,11 @@ import os
 import sys
 
 from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, PROMPT_PRODUCTS, QUANTIZATIONS
-from baton.engine.step_budget import COLOCATED_BANK_OBJECTIVES, DEFAULT_BANK_OBJECTIVES
+from baton.engine.step_budget import (
+    COLOCATED_BANK_OBJECTIVES,
+    COLOCATED_PROMPT_SHARE,
+    DEFAULT_BANK_OBJECTIVES,
+)
 from baton.kv.transport import TOKEN_ENV
 from baton.server.settings import KV_TRANSPORTS, WorkerSettings
 
@@ -48,9 +52,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tpot-bank-objectives", type=float, default=None,
                         help="the longest step that time saved against the objective may buy, in "
                         "objectives: 1 keeps every step within it (each gap between tokens), more "
-                        "lets a prompt run in fewer, larger chunks (default: "
-                        f"{COLOCATED_BANK_OBJECTIVES:g} on a colocated worker, role both, whose prompts "
-                        f"have no other worker; {DEFAULT_BANK_OBJECTIVES:g} otherwise)")
+                        "lets a prompt run in fewer, larger chunks (default: on a colocated worker, "
+                        "role both, whose prompts have no other worker, from 1 up to "
+                        f"{COLOCATED_BANK_OBJECTIVES:g}, as far as leaves a prompt chunk "
+                        f"{COLOCATED_PROMPT_SHARE:.0%} of a step beside its decodes; "
+                        f"{DEFAULT_BANK_OBJECTIVES:g} otherwise)")
     parser.add_argument("--commit-hold", type=float, default=0.5,
                         help="a decode worker waits up to this fraction of a step before starting "
                         "one, for a prompt whose KV is due that soon (from the pace its layers "

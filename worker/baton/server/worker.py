@@ -9,6 +9,7 @@ import os
 from baton.engine.async_engine import AsyncEngine
 from baton.engine.calibration import calibrate
 from baton.engine.engine import Engine
+from baton.engine.step_budget import COLOCATED_PROMPT_SHARE
 from baton.kv.stream import BackgroundLoop
 from baton.kv.transport import select_transport
 from baton.server.admissions import Admissions
@@ -94,8 +95,11 @@ class Worker:
         log.info("worker %s: startup heap frozen for the collector %s", s.name, freeze_startup_heap())
         log.info("worker %s: threads named for the OS: %s", s.name, sorted(set(name_os_threads().values())))
         config = self.engine.config
-        pacing = (f"decodes paced to {config.tpot_objective_s * 1e3:g} ms a token, steps up to "
-                  f"{config.bank_objectives:g}x that" if config.tpot_objective_s else "no TPOT objective")
+        most = f"{config.bank_objectives:g}x that"
+        if s.role == "both" and config.tpot_bank_objectives is None:
+            most = f"1-{most}, as far as leaves prompt chunks {COLOCATED_PROMPT_SHARE:.0%} of a step"
+        pacing = (f"decodes paced to {config.tpot_objective_s * 1e3:g} ms a token, steps up to {most}"
+                  if config.tpot_objective_s else "no TPOT objective")
         log.info("worker %s ready: role %s, %d KV blocks, kv %s, %s", s.name, s.role,
                  self.engine.runner.num_blocks, self.intake.kv_endpoint, pacing)
 
