@@ -277,6 +277,17 @@ def test_a_colocated_worker_banks_only_as_far_as_its_decodes_leave_prompts_too_l
     assert colocated_bank(0.050, 0.0) == COLOCATED_BANK_OBJECTIVES  # no objective
 
 
+def _add_paced_stream(engine, monkeypatch, bank: float | None) -> None:
+    """A stream ("paced", 8 tokens) under a 100 ms objective, `bank` as asked (None: the
+    role's own); the caller steps it and aborts it."""
+    from baton.engine.sampling import SamplingParams
+
+    monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
+    monkeypatch.setattr(engine.config, "tpot_bank_objectives", bank)
+    engine.add_request("Pacing:", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                       request_id="paced")
+
+
 def test_a_colocated_engine_spends_saved_time_only_where_its_decodes_crowd_prompts_out(engine_fp32, monkeypatch):
     """A colocated engine (role both, no bank asked for) whose stream has saved time: where its
     decodes take a quarter of the objective the step stays within it, the prompt chunk what
@@ -285,10 +296,7 @@ def test_a_colocated_engine_spends_saved_time_only_where_its_decodes_crowd_promp
 
     engine = engine_fp32
     assert engine.config.role == "both"
-    monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
-    monkeypatch.setattr(engine.config, "tpot_bank_objectives", None)
-    engine.add_request("Pacing:", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
-                       request_id="paced")
+    _add_paced_stream(engine, monkeypatch, bank=None)
     try:
         for _ in range(3):
             engine.step()
@@ -370,10 +378,7 @@ def test_the_engine_gives_a_prompt_the_time_its_decodes_saved(engine_fp32, monke
     from baton.engine.sampling import SamplingParams
 
     engine = engine_fp32
-    monkeypatch.setattr(engine.config, "tpot_objective_s", 0.1)
-    monkeypatch.setattr(engine.config, "tpot_bank_objectives", BANK)
-    engine.add_request("Pacing:", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
-                       request_id="paced")
+    _add_paced_stream(engine, monkeypatch, bank=BANK)
     try:
         for _ in range(3):
             engine.step()
