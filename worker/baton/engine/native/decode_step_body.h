@@ -83,7 +83,7 @@ static inline __attribute__((always_inline)) void FN(block_scores_avx512)(
 
 /* block_scores_avx512 for head_dim 64 and a group of up to 4 heads, four tokens at a time:
  * their K rows widened once for the group, and each head's four scores summed across lanes
- * together (sum4) rather than one reduction each, which was most of the scores' work. */
+ * together (sum4) rather than with a reduction each. */
 static inline __attribute__((always_inline)) void FN(group_scores_avx512)(
     const float *q, const int heads, const KV_ELEM *k_cache, const int64_t *rows, int n, float scale,
     float p[][ATTENTION_TOKENS]) {
