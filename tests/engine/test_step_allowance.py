@@ -48,9 +48,13 @@ def test_a_colocated_worker_banks_by_default_and_the_others_do_not():
     assert EngineConfig(role="decode").bank_objectives == DEFAULT_BANK_OBJECTIVES
     assert EngineConfig(role="both").bank_objectives == COLOCATED_BANK_OBJECTIVES
     assert EngineConfig(role="both", tpot_bank_objectives=1.0).bank_objectives == 1.0  # told: kept
+    assert EngineConfig(role="both").bank_follows_decodes  # up to its most, step by step
+    assert not EngineConfig(role="both", tpot_bank_objectives=1.0).bank_follows_decodes
+    assert not EngineConfig(role="decode").bank_follows_decodes
     converted = EngineConfig(role="decode")
     converted.role = "both"  # the default follows the role it runs as now
     assert converted.bank_objectives == COLOCATED_BANK_OBJECTIVES
+    assert converted.bank_follows_decodes
     with pytest.raises(ValueError, match="tpot_bank_objectives"):
         EngineConfig(tpot_bank_objectives=0.5).validate()
 

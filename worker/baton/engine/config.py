@@ -123,6 +123,12 @@ class EngineConfig:
         return default_bank_objectives(self.role) if self.tpot_bank_objectives is None else self.tpot_bank_objectives
 
     @property
+    def bank_follows_decodes(self) -> bool:
+        """Whether the bank is set step by step from what the decodes cost, up to
+        `bank_objectives` (step_budget.colocated_bank): a colocated worker's, none asked for."""
+        return self.role == "both" and self.tpot_bank_objectives is None
+
+    @property
     def keeps_quantized(self) -> bool:
         """Whether a checkpoint's quantized blocks are served as stored (on every rank)."""
         return self.quantization == "auto"

@@ -320,7 +320,7 @@ class Engine:
                  for seq in decoding if seq.paced_from is not None]
         deferred = now - self._prompts_deferred_since if self._prompts_deferred_since is not None else 0.0
         bank = self.config.bank_objectives
-        if self.config.role == "both" and self.config.tpot_bank_objectives is None:
+        if self.config.bank_follows_decodes:
             bank = colocated_bank(self.step_costs.decode_step_s(len(decoding)), objective, bank)
         # the next chunk is the first running prompt's (the scheduler's order), else a new one's
         head = next((seq for seq in self.scheduler.running if seq.in_prefill), None)

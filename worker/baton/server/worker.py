@@ -96,7 +96,7 @@ class Worker:
         log.info("worker %s: threads named for the OS: %s", s.name, sorted(set(name_os_threads().values())))
         config = self.engine.config
         most = f"{config.bank_objectives:g}x that"
-        if s.role == "both" and config.tpot_bank_objectives is None:
+        if config.bank_follows_decodes:
             most = f"1-{most}, as far as leaves prompt chunks {COLOCATED_PROMPT_SHARE:.0%} of a step"
         pacing = (f"decodes paced to {config.tpot_objective_s * 1e3:g} ms a token, steps up to {most}"
                   if config.tpot_objective_s else "no TPOT objective")
