@@ -209,6 +209,9 @@ def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():
     assert choose_path(256, est.threshold(decoding=7), True) == "remote"
     assert choose_path(256, est.threshold(decoding=0), True) == "local"
     assert est.threshold(decoding=0, queued_tokens=1000) == pytest.approx(1512)
+    # prompts already waiting to prefill where it decodes count against home, as measured
+    assert est.threshold(decoding=1, local_queued_tokens=300) == pytest.approx((512 - 300) / 2)
+    assert est.threshold(decoding=1, local_queued_tokens=900) == 0.0
     assert ThresholdEstimator(fixed=300).threshold(decoding=50) == 300  # a fixed threshold is fixed
 
 

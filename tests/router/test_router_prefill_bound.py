@@ -176,3 +176,23 @@ async def test_a_prompt_goes_home_while_the_decode_workers_requests_wait_on_the_
         assert len(decode.paths("generate")) == 1, "the short prompt queued behind the long ones"
         await asyncio.gather(*waiting)
     assert len(prefill.paths("prefill")) == 4 and len(decode.paths("generate")) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_cold_routers_first_burst_is_split_between_the_two_paths(fake_workers, model_info):
+    """Nothing measured yet, eight prompts at once onto an idle pair: some prefill where they
+    decode. The fallback threshold takes both sides' token costs as equal; counting the
+    burst's reservations as streams the local prefills would stall (and those still being
+    made as none awaiting the prefill worker) sent all but the first away, to be prefilled
+    one after another (bench/serving.py's first wave on a Zen 4 pair: first tokens 0.4 to
+    2.1 s, 0.3 s apart)."""
+    decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
+    prefill.prefill_delay_s = 1.0  # every choice is made before any prefill ends
+    decode.first_token_delay_s = 1.0  # and before any local prompt has its first token
+    async with running_router(model_info, [decode.url, prefill.url]) as url:
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=20)
+        await asyncio.gather(*(api.completions.create(model="smollm2", prompt=[100 + i] * 300, max_tokens=2)
+                               for i in range(8)))
+    local, remote = len(decode.paths("generate")), len(prefill.paths("prefill"))
+    assert local + remote == 8
+    assert local >= 2 and remote >= 4, f"{local} prefilled locally, {remote} on the prefill worker"

@@ -171,12 +171,12 @@ class Dispatcher:
 
     def _stalled_by_local(self, decode: WorkerSnapshot, prefill_queue: tuple[int, ...], tokens: int,
                           chunk_size: int) -> int:
-        """The requests on `decode` a local prefill of `tokens` would hold up (all at work there
-        until the prefill rates are measured)."""
-        remote_rate = self.estimator.prefill_s_per_token.value
+        """The requests on `decode` a local prefill of `tokens` would hold up. Until a rate is
+        measured the two sides cost the same per token (the fallback threshold's premise), so
+        a reservation still queued on the prefill worker is not counted as a stream: counting
+        them sent a cold router's first burst all to the prefill worker, one after another."""
+        remote_rate = self.estimator.prefill_s_per_token.value or decode.prefill_s_per_token or 1.0
         local_rate = decode.prefill_s_per_token or remote_rate
-        if not remote_rate or not local_rate:
-            return decode.current
         return decodes_stalled_by_local(decode, prefill_queue, tokens, local_rate, remote_rate, chunk_size)
 
     async def _decode_candidates(self, exclude: set[str] = frozenset(), hashes: list[int] | None = None,
@@ -217,32 +217,40 @@ class Dispatcher:
 
     async def _reserve(self, rid: str, prompt: list[int], params: dict) -> tuple[str, dict]:
         """A reservation on the best decode worker with room: its address and ticket; the
-        request counts as that worker's until the caller ends it (pool.end)."""
+        request counts as that worker's, awaiting its remote prefill, until the caller ends
+        it (pool.end, pool.end_remote_prefill)."""
         deadline = time.monotonic() + self.deadlines.reserve_wait_s
         delay = 0.02
         headroom = min(params["max_tokens"], self.reserve_headroom_tokens)
         while True:
             for worker in await self._decode_candidates():
                 # counted there from the choice on (the caller ends it), not from its stream
-                # after the prefill: a burst's reservations all went to one worker by then
+                # after the prefill: a burst's reservations all went to one worker by then.
+                # And as awaiting its prompt from then on, not from the answer: else a burst's
+                # later prompts counted the reservations still in flight as streams there
                 self.pool.begin(worker.url)
+                self.pool.begin_remote_prefill(worker.url)
                 try:
                     ticket = await self.client.reserve(worker.url, rid, prompt, params, headroom)
                     return worker.url, ticket
                 except asyncio.CancelledError:  # the reservation may be made all the same
-                    self.pool.end(worker.url)
+                    self._unreserve(worker.url)
                     self._abort_later(worker.url, rid)
                     raise
                 except WorkerRefused:
-                    self.pool.end(worker.url)
+                    self._unreserve(worker.url)
                     self.metrics.retries.labels("reserve_refused").inc()
                 except WorkerUnavailable:
-                    self.pool.end(worker.url)
+                    self._unreserve(worker.url)
                     self.pool.mark_failed(worker.url)
             if time.monotonic() + delay > deadline:
                 raise _FallBackLocal()  # every pool is full: the decode worker's own queue waits
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+    def _unreserve(self, url: str) -> None:
+        self.pool.end(url)
+        self.pool.end_remote_prefill(url)
 
     async def _remote(self, rid: str, prompt: list[int], params: dict, hashes: list[int]) -> AsyncIterator[Chunk]:
         excluded: set[str] = set()
@@ -259,7 +267,6 @@ class Dispatcher:
             answer, d_url = None, None
             try:
                 d_url, ticket = await self._reserve(try_rid, prompt, params)  # counted there
-                self.pool.begin_remote_prefill(d_url)
                 answer = await self._prefill(p_url, d_url, try_rid, prompt, params, ticket, excluded)
             finally:
                 self.pool.end(p_url, uncached)

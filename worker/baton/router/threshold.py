@@ -138,13 +138,15 @@ class ThresholdEstimator:
         `held_prompts` prompts a remote one would hold up, and the decode worker
         `local_queued_tokens` (see `threshold_tokens`). A fixed
         threshold ignores load; the fallback (inputs not yet measured) stands for
-        O_fixed / t_tok and moves with load as the formula does."""
+        O_fixed / t_tok and moves with load as the formula does, a token costing the same on
+        either side and nothing to transfer."""
         if self.fixed is not None:
             return self.fixed
         inputs = (self.o_fixed_s.value, self.prefill_s_per_token.value,
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
         if any(v is None for v in inputs):
-            return (self.fallback + max(queued_tokens, 0.0)) / (1.0 + max(decoding, 0.0))
+            wait_saved = self.fallback + max(queued_tokens, 0.0) - max(local_queued_tokens, 0.0)
+            return max(wait_saved, 0.0) / (1.0 + max(decoding, 0.0))
         return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
                                 local_s_per_token=local_s_per_token, held_prompts=held_prompts,
                                 local_queued_tokens=local_queued_tokens)
