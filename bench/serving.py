@@ -49,7 +49,7 @@ TARGETS = {
                           ("median_ttft_ms", 0.5, "<=")],
 }
 KEPT = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
-        "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+        "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p25_ttft_ms", "p75_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
         "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")
 
 

@@ -141,7 +141,7 @@ def vllm_bench_serve(venv: Path, url: str, model: str, tokenizer: Path, load: di
                "--random-output-len", str(load["output_len"]), "--num-prompts", str(load["num_prompts"]),
                "--max-concurrency", str(load["max_concurrency"]), "--ignore-eos", "--seed", str(load["seed"]),
                "--num-warmups", str(load["warmups"]), "--percentile-metrics", "ttft,tpot,itl,e2el",
-               "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(out.parent),
+               "--metric-percentiles", "25,50,75,90,99", "--save-result", "--result-dir", str(out.parent),
                "--result-filename", out.name, "--save-detailed", "--disable-tqdm"]
     with vllm_dist_alias(venv):
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
