@@ -171,10 +171,10 @@ class Dispatcher:
 
     def _stalled_by_local(self, decode: WorkerSnapshot, prefill_queue: tuple[int, ...], tokens: int,
                           chunk_size: int) -> int:
-        """The requests on `decode` a local prefill of `tokens` would hold up. Until a rate is
-        measured the two sides cost the same per token (the fallback threshold's premise), so
-        a reservation still queued on the prefill worker is not counted as a stream: counting
-        them sent a cold router's first burst all to the prefill worker, one after another."""
+        """The requests on `decode` a local prefill of `tokens` would hold up. A side whose
+        rate is not measured yet costs what the other does (1 a token where neither is, the
+        fallback threshold's premise): counting every reservation there as a stream until
+        then sent a cold router's first burst all to the prefill worker, one after another."""
         remote_rate = self.estimator.prefill_s_per_token.value or decode.prefill_s_per_token or 1.0
         local_rate = decode.prefill_s_per_token or remote_rate
         return decodes_stalled_by_local(decode, prefill_queue, tokens, local_rate, remote_rate, chunk_size)

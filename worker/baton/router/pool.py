@@ -91,7 +91,9 @@ class WorkerPool:
         self.prefilled(url, tokens)
 
     def begin_remote_prefill(self, url: str) -> None:
-        """A request reserved at decode worker `url` is prefilling on a prefill worker."""
+        """A request reserves (or has reserved) at decode worker `url` for a prompt that
+        prefills on a prefill worker: counted from the choice on, so that a burst's next
+        prompts see it as awaiting that prompt, not as a stream there."""
         self._awaiting_remote[url] = self._awaiting_remote.get(url, 0) + 1
 
     def end_remote_prefill(self, url: str) -> None:
