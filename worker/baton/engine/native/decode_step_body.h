@@ -186,12 +186,14 @@ static void FN(block_values)(float p[][ATTENTION_TOKENS], int heads, const KV_EL
         FN(block_values_avx512)(p, heads, v_cache, rows, n, 4, out);
         return;
     }
-    if (head_dim == 128 && heads <= 2) {
-        if (heads == 1) FN(group_values_avx512)(p, 1, v_cache, rows, n, 8, out);
-        else FN(group_values_avx512)(p, 2, v_cache, rows, n, 8, out);
+    if (head_dim == 128) {
+        switch (heads) { /* groups of up to 2 heads keep their sums in registers */
+        case 1: FN(group_values_avx512)(p, 1, v_cache, rows, n, 8, out); return;
+        case 2: FN(group_values_avx512)(p, 2, v_cache, rows, n, 8, out); return;
+        }
+        FN(block_values_avx512)(p, heads, v_cache, rows, n, 8, out);
         return;
     }
-    if (head_dim == 128) { FN(block_values_avx512)(p, heads, v_cache, rows, n, 8, out); return; }
 #endif
     for (int t = 0; t < n; t++) {
         const KV_ELEM *v = v_cache + rows[t];
