@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,10 @@ class WorkerMetrics:
         self.conversions = Counter("baton_role_conversions", "conversions", by_role, registry=r)
         self.role = role
         self._carry: dict[str, float] = {}
+        # a scrape between two counters' increments of one tick read them a tick apart: a
+        # ratio of their rates over a 4 s window then came out 1.6% off
+        self._lock = threading.Lock()
+        self.scraped = _ReadUnder(self._lock, r)  # what an exporter thread should serve
         self.set_role(role)
 
     def set_role(self, role: str) -> None:
@@ -73,6 +78,11 @@ class WorkerMetrics:
 
     def advance(self, seconds: float, traffic: Traffic, prefill_workers: int,
                 decode_workers: int) -> None:
+        with self._lock:
+            self._advance(seconds, traffic, prefill_workers, decode_workers)
+
+    def _advance(self, seconds: float, traffic: Traffic, prefill_workers: int,
+                 decode_workers: int) -> None:
         role = self.role
         rates = per_second(role, traffic, prefill_workers, decode_workers)
         if role == "prefill":
@@ -100,7 +110,18 @@ class WorkerMetrics:
         return whole
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.scraped)
+
+
+class _ReadUnder:
+    """A registry's samples as one tick left them: collected under the lock `advance` holds."""
+
+    def __init__(self, lock: threading.Lock, registry: CollectorRegistry) -> None:
+        self._lock, self._registry = lock, registry
+
+    def collect(self):
+        with self._lock:
+            return list(self._registry.collect())
 
 
 class FakeWorker:

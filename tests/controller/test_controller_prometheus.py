@@ -22,7 +22,7 @@ async def test_prometheus_source_measures_the_load(tmp_path):
     servers, targets = [], []
     for worker in workers:
         port = free_port()
-        servers.append(start_http_server(port, addr="127.0.0.1", registry=worker.registry))
+        servers.append(start_http_server(port, addr="127.0.0.1", registry=worker.scraped))
         targets.append(f"127.0.0.1:{port}")
     try:
         with running_prometheus(targets, tmp_path) as prometheus:
