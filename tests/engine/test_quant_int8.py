@@ -68,7 +68,8 @@ def _int8_reference(parts, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17, 40])  # partial and whole passes of 4 rows
+# partial and whole passes of 4 rows; weights read in place up to 32 rows, from panels past it
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17, 32, 33, 40])
 def test_product_matches_the_int8_arithmetic(vnni, name, rows):
     parts = [(name, random_rows(FORMATS[name], 37, 96, seed=rows))]  # 3 groups, the last partial
     x = random_inputs(rows, 96, seed=rows)
@@ -97,6 +98,20 @@ def test_a_matrix_of_parts_in_three_formats(vnni):
     expected = _int8_reference(parts, x)
     w = native_weight(vnni, parts)
     got = native_quant.product_panels(vnni, w.native_matrix, x, 69, ENGINE)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("rows", [6, 36])  # in place, and from panels
+def test_every_pairing_of_formats_in_one_pass(vnni, rows):
+    """A pass takes two groups of 16 weight rows, each read by its own format: here a Q4_1
+    group beside a Q8_0 one, a partial Q8_0 group beside a Q4_0 one, then two Q4_0 groups."""
+    parts = [("Q4_1", random_rows(FORMATS["Q4_1"], 16, 64, 1)), ("Q8_0", random_rows(FORMATS["Q8_0"], 20, 64, 2)),
+             ("Q4_0", random_rows(FORMATS["Q4_0"], 36, 64, 3))]
+    x = random_inputs(rows, 64, seed=5)
+    x[0, 40] = 50.0  # an outlier in the second block, in a high nibble's place (value 8 + 32)
+    expected = _int8_reference(parts, x)
+    w = native_weight(vnni, parts)
+    got = native_quant.product_panels(vnni, w.native_matrix, x, 72, ENGINE)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 

@@ -19,10 +19,17 @@
  * into a table the rows read, measured no faster (the same bits; SmolLM2's products at 256
  * rows on a Xeon core, three runs each alternating: 196-208 ms before, 208-212 ms with it).
  *
- * A group of 16 weight rows is unpacked once per product into a byte panel that stays in
- * L1/L2 (8 chunks of 64 bytes a block: chunk j holds values 4j..4j+3 of each row, one row
- * per 32-bit lane, then the block's 16 d_w and 16 c in float32), and every input row meets
- * it. The integer sums are exact; each row's float sums, outliers chosen from the row alone,
+ * Past INT8_IN_PLACE_ROWS input rows, a group of 16 weight rows is unpacked once per product
+ * into a byte panel that stays in L1/L2 (8 chunks of 64 bytes a block: chunk j holds values
+ * 4j..4j+3 of each row, one row per 32-bit lane, then the block's 16 d_w and 16 c in
+ * float32), and every input row meets it. Up to that many rows (a decode step's), the passes
+ * read the weights where they lie and unmask the nibbles in registers: the panel's stores,
+ * and its wait on weights streaming from memory, cost more than a few passes save. SmolLM2's
+ * products on a Zen 4 core, one thread, in place against from panels: 7.0 / 9.2 ms at 4 rows,
+ * 11.5 / 13.1 at 8, 20.9 / 21.1 at 16, but 39.6 / 37.1 at 32 (bench/quant_products.py;
+ * results/quant_products.zen4.int8_in_place.json, int8_panels.json, and int8_in_place_to_32.json
+ * from a build that read 32 rows in place). The bits are the same.
+ * The integer sums are exact; each row's float sums, outliers chosen from the row alone,
  * run in the same order whatever the other rows of the product: results do not depend on
  * the batch. Rounding the inputs to int8 still costs some of the accuracy the bf16 engines
  * keep (bench/quant_quality.py measures it); quant/placement.py runs this engine where no
@@ -31,13 +38,13 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANT_INT8 1
 #define INT8_ROWS 4            /* input rows one pass holds: 2 groups x 4 rows, int and float sums */
-#define INT8_PANEL_BLOCK 640   /* bytes of one block in a panel: 8 x 64 quants, 16 d_w, 16 c */
 #define INT8_OUTLIERS 4        /* each input row's largest values, multiplied in float */
+#define INT8_PANEL_BLOCK 640   /* bytes of one block in a panel: 8 x 64 quants, 16 d_w, 16 c */
+#define INT8_IN_PLACE_ROWS 16  /* up to this many input rows, the weights are read in place */
 
-typedef struct { /* a value taken out of an input row, and where its weights lie in a panel */
-    int32_t block;  /* bytes to its block */
-    int32_t chunk;  /* bytes to the chunk of 64 holding its weights, one a 32-bit lane */
-    int32_t byte;   /* which byte of the lane */
+typedef struct { /* a value taken out of an input row, and where its weights lie */
+    int32_t block; /* its block of 32 */
+    int32_t index; /* its place in the block */
     float value;
 } Int8Outlier;
 
@@ -64,8 +71,8 @@ static void int8_take_outliers(float *row, int k, Int8Outlier *taken, float *ama
         const __m512 largest = _mm512_set1_ps(amax[top]);
         const uint32_t hits = (uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(v)), largest, _CMP_EQ_OQ) |
                               (uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(v + 16)), largest, _CMP_EQ_OQ) << 16;
-        const int within = hits ? __builtin_ctz(hits) : 0, block = top * INT8_PANEL_BLOCK;
-        taken[o] = (Int8Outlier){block, block + 64 * (within / 4), within % 4, v[within]};
+        const int within = hits ? __builtin_ctz(hits) : 0;
+        taken[o] = (Int8Outlier){top, within, v[within]};
         v[within] = 0.0f;
         amax[top] = int8_block_max(v);
     }
@@ -81,7 +88,7 @@ static void int8_inputs(const float *x, int rows, int padded, int k, float *rest
         if (r >= rows) {
             memset(in->q + r * k, 0, (size_t)k);
             for (int b = 0; b < nb; b++) in->d[r * nb + b] = in->dsum[r * nb + b] = 0.0f;
-            for (int o = 0; o < INT8_OUTLIERS; o++) taken[o] = (Int8Outlier){0, 0, 0, 0.0f};
+            for (int o = 0; o < INT8_OUTLIERS; o++) taken[o] = (Int8Outlier){0, 0, 0.0f};
             continue;
         }
         memcpy(rest, x + r * k, sizeof(float) * k);
@@ -131,23 +138,72 @@ static void int8_panel(const uint8_t *group, const QuantFormat *f, int nb, uint8
     }
 }
 
-/* An outlier's 16 weights in a group's panel as floats, w = d_w u + c (Q4: u its nibble;
- * Q8_0: its byte with the sign flipped). pick[byte]: VPSHUFB's control that takes that byte
- * of each 32-bit lane and zeros the rest. */
-static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const uint8_t *panel, const Int8Outlier *o,
-                                                                         const __m512i pick[4]) {
-    const __m512i u = _mm512_shuffle_epi8(_mm512_load_si512(panel + o->chunk), pick[o->byte]);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_load_ps((const float *)(panel + o->block + 512)),
-                           _mm512_load_ps((const float *)(panel + o->block + 576)));
+typedef struct { /* where a pass reads a group's blocks: its panel, or the weights in place */
+    const uint8_t *data;
+    int64_t step;          /* bytes a block */
+    int quants;            /* bytes from a block's start to its quants (chunks) */
+    const QuantFormat *f;  /* in place: how to read the block's scales */
+} Int8Source;
+
+static Int8Source int8_source(const QuantGroup *group, const uint8_t *panel) {
+    if (panel) return (Int8Source){panel, INT8_PANEL_BLOCK, 0, &group->format};
+    return (Int8Source){group->data, QUANT_ROWS * group->format.block_bytes, QUANT_ROWS * group->format.header_bytes,
+                        &group->format};
 }
 
-/* Up to two groups' panels (32 output columns) against every input row, INT8_ROWS rows a
- * pass: the int8 blocks, then the outliers. valid[g]: group g's real rows (0: no second
- * group); `next`: the pair to fetch. */
-static void int8_groups(const uint8_t *panels[2], const int valid[2], int nb, const Int8Inputs *in, int rows, int k,
-                        float *out[2], int n, const NextGroups *next) {
+/* Chunks j and j + 4 of a block (chunk c: values 4c..4c+3 of each of the 16 rows, one row per
+ * 32-bit lane, as unsigned bytes). A panel and an 8-bit block (its sign bits flipped) hold
+ * chunk c at quants + 64 c; a 4-bit block in place holds chunk j in the low nibbles of its 64
+ * bytes at quants + 64 j, and chunk j + 4 in their high ones. */
+static inline __attribute__((always_inline)) void int8_chunks(const uint8_t *quants, const int nibbles, int j,
+                                                              __m512i *lo, __m512i *hi) {
+    if (nibbles) {
+        const __m512i v = _mm512_loadu_si512(quants + 64 * j), low = _mm512_set1_epi8(0x0F);
+        *lo = _mm512_and_si512(v, low);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    } else {
+        *lo = _mm512_loadu_si512(quants + 64 * j);
+        *hi = _mm512_loadu_si512(quants + 64 * (4 + j));
+    }
+}
+
+/* A block's 16 d_w and 16 c (w = d_w u + c) as floats: a panel's, or converted in place. */
+static inline __attribute__((always_inline)) void int8_block_scales(const uint8_t *g, const QuantFormat *f,
+                                                                    const int panel, __m512 *d, __m512 *c) {
+    if (panel) {
+        *d = _mm512_load_ps((const float *)(g + 512));
+        *c = _mm512_load_ps((const float *)(g + 576));
+        return;
+    }
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+    *c = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
+                    : _mm512_mul_ps(*d, _mm512_set1_ps((float)-f->offset));
+}
+
+/* An outlier's 16 weights in a group as floats, w = d_w u + c (Q4: u its nibble; Q8_0: its
+ * byte with the sign flipped). pick[byte]: VPSHUFB's control that takes that byte of each
+ * 32-bit lane and zeros the rest. */
+static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const Int8Source *src, const int panel,
+                                                                         const Int8Outlier *o, const __m512i pick[4]) {
+    const uint8_t *g = src->data + o->block * src->step;
+    const int i = o->index, nibbles = !panel && src->f->nibbles, chunk = nibbles ? (i % 16) / 4 : i / 4;
+    __m512i u = _mm512_shuffle_epi8(_mm512_loadu_si512(g + src->quants + 64 * chunk), pick[i % 4]);
+    if (nibbles) u = _mm512_and_si512(_mm512_srli_epi32(u, i >= 16 ? 4 : 0), _mm512_set1_epi32(0x0F));
+    __m512 d, c;
+    int8_block_scales(g, src->f, panel, &d, &c);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, c);
+}
+
+/* Two groups (32 output columns; the second may repeat the first) against every input row,
+ * INT8_ROWS rows a pass: the int8 blocks, then the outliers. nibbles0/1 (4-bit blocks read in
+ * place) and `panel` are constants at each call, so the loop is built once for each case.
+ * valid[h]: group h's real rows (0: none); `next`: the pair to fetch. */
+static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Source src[2], const int nibbles0,
+                                                                 const int nibbles1, const int panel,
+                                                                 const int valid[2], int nb, const Int8Inputs *in,
+                                                                 int rows, int k, float *const out[2], int n,
+                                                                 const NextGroups *next) {
     const __mmask16 keep[2] = {(__mmask16)((1u << valid[0]) - 1), (__mmask16)((1u << valid[1]) - 1)};
-    const uint8_t *second = valid[1] ? panels[1] : panels[0];
     __m512i pick[4];
     for (int byte = 0; byte < 4; byte++) /* byte `byte` of each lane of a 128-bit quarter; 0x80: zero */
         pick[byte] = _mm512_set4_epi32(0x80808000 | (12 + byte), 0x80808000 | (8 + byte), 0x80808000 | (4 + byte),
@@ -156,28 +212,31 @@ static void int8_groups(const uint8_t *panels[2], const int valid[2], int nb, co
         __m512 sums[2][INT8_ROWS];
         for (int r = 0; r < INT8_ROWS; r++) sums[0][r] = sums[1][r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const uint8_t *w0 = panels[0] + (int64_t)b * INT8_PANEL_BLOCK;
-            const uint8_t *w1 = second + (int64_t)b * INT8_PANEL_BLOCK;
+            const uint8_t *g0 = src[0].data + b * src[0].step, *g1 = src[1].data + b * src[1].step;
             const int8_t *xb = in->q + (int64_t)r0 * k + b * QUANT_BLOCK;
             if (r0 == 0) prefetch_next_block(next, b);
             __m512i dots[2][INT8_ROWS];
             for (int r = 0; r < INT8_ROWS; r++) dots[0][r] = dots[1][r] = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++) {
-                const __m512i wa = _mm512_load_si512(w0 + 64 * j), wb = _mm512_load_si512(w1 + 64 * j);
+            for (int j = 0; j < 4; j++) {
+                __m512i a_lo, a_hi, b_lo, b_hi;
+                int8_chunks(g0 + src[0].quants, nibbles0, j, &a_lo, &a_hi);
+                int8_chunks(g1 + src[1].quants, nibbles1, j, &b_lo, &b_hi);
                 for (int r = 0; r < INT8_ROWS; r++) {
-                    const __m512i xv = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
-                    dots[0][r] = _mm512_dpbusd_epi32(dots[0][r], wa, xv);
-                    dots[1][r] = _mm512_dpbusd_epi32(dots[1][r], wb, xv);
+                    const __m512i x_lo = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
+                    const __m512i x_hi = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 16 + 4 * j));
+                    dots[0][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dots[0][r], a_lo, x_lo), a_hi, x_hi);
+                    dots[1][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dots[1][r], b_lo, x_lo), b_hi, x_hi);
                 }
             }
-            const __m512 dw[2] = {_mm512_load_ps((const float *)(w0 + 512)), _mm512_load_ps((const float *)(w1 + 512))};
-            const __m512 cw[2] = {_mm512_load_ps((const float *)(w0 + 576)), _mm512_load_ps((const float *)(w1 + 576))};
+            __m512 dw[2], cw[2];
+            int8_block_scales(g0, src[0].f, panel, &dw[0], &cw[0]);
+            int8_block_scales(g1, src[1].f, panel, &dw[1], &cw[1]);
             for (int r = 0; r < INT8_ROWS; r++) {
                 const int64_t at = (int64_t)(r0 + r) * nb + b;
                 const __m512 dx = _mm512_set1_ps(in->d[at]), sx = _mm512_set1_ps(in->dsum[at]);
-                for (int g = 0; g < 2; g++) {
-                    sums[g][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[g][r]), _mm512_mul_ps(dw[g], dx), sums[g][r]);
-                    sums[g][r] = _mm512_fmadd_ps(cw[g], sx, sums[g][r]);
+                for (int h = 0; h < 2; h++) {
+                    sums[h][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[h][r]), _mm512_mul_ps(dw[h], dx), sums[h][r]);
+                    sums[h][r] = _mm512_fmadd_ps(cw[h], sx, sums[h][r]);
                 }
             }
         }
@@ -186,13 +245,35 @@ static void int8_groups(const uint8_t *panels[2], const int valid[2], int nb, co
             for (int r = 0; r < INT8_ROWS; r++) {
                 const Int8Outlier *taken = in->outliers + (int64_t)(r0 + r) * INT8_OUTLIERS + o;
                 const __m512 v = _mm512_set1_ps(taken->value);
-                sums[0][r] = _mm512_fmadd_ps(int8_outlier_weights(panels[0], taken, pick), v, sums[0][r]);
-                sums[1][r] = _mm512_fmadd_ps(int8_outlier_weights(second, taken, pick), v, sums[1][r]);
+                sums[0][r] = _mm512_fmadd_ps(int8_outlier_weights(&src[0], panel, taken, pick), v, sums[0][r]);
+                sums[1][r] = _mm512_fmadd_ps(int8_outlier_weights(&src[1], panel, taken, pick), v, sums[1][r]);
             }
         for (int r = 0; r < INT8_ROWS && r0 + r < rows; r++)
-            for (int g = 0; g < 2; g++)
-                if (valid[g]) _mm512_mask_storeu_ps(out[g] + (int64_t)(r0 + r) * n, keep[g], sums[g][r]);
+            for (int h = 0; h < 2; h++)
+                if (valid[h]) _mm512_mask_storeu_ps(out[h] + (int64_t)(r0 + r) * n, keep[h], sums[h][r]);
     }
+}
+
+/* A pair of groups (`count` of them) against every input row: unpacked into `panels` first
+ * where given (2 * nb * INT8_PANEL_BLOCK bytes), else read in place. */
+static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, const int valid[2], int nb,
+                        const Int8Inputs *in, int rows, int k, float *const out[2], int n, const NextGroups *next) {
+    Int8Source src[2];
+    for (int h = 0; h < count; h++) {
+        uint8_t *panel = panels ? panels + (int64_t)h * nb * INT8_PANEL_BLOCK : NULL;
+        if (panel) int8_panel(group[h].data, &group[h].format, nb, panel);
+        src[h] = int8_source(&group[h], panel);
+    }
+    if (count < 2) src[1] = src[0]; /* never an unwritten panel */
+    if (panels) {
+        int8_pass_rows(src, 0, 0, 1, valid, nb, in, rows, k, out, n, next);
+        return;
+    }
+    const int first = src[0].f->nibbles, second = src[1].f->nibbles;
+    if (first && second) int8_pass_rows(src, 1, 1, 0, valid, nb, in, rows, k, out, n, next);
+    else if (first) int8_pass_rows(src, 1, 0, 0, valid, nb, in, rows, k, out, n, next);
+    else if (second) int8_pass_rows(src, 0, 1, 0, valid, nb, in, rows, k, out, n, next);
+    else int8_pass_rows(src, 0, 0, 0, valid, nb, in, rows, k, out, n, next);
 }
 
 static int64_t int8_scratch_bytes(int rows, int k) {
@@ -214,26 +295,23 @@ static int int8_product(const QuantMatrix *w, const float *x, int rows, float *o
     in.q = (int8_t *)(amax + nb);
     int8_inputs(x, rows, padded, k, rest, amax, &in);
     const QuantLayout l = quant_layout(w);
-    const int n = l.first_row[w->count], groups = l.first_group[w->count];
+    const int n = l.first_row[w->count], groups = l.first_group[w->count], in_place = rows <= INT8_IN_PLACE_ROWS;
     int failed = 0;
 #pragma omp parallel
     {
-        uint8_t *space = aligned_alloc(64, (size_t)2 * nb * INT8_PANEL_BLOCK);
-        if (!space) {
+        uint8_t *panels = in_place ? NULL : aligned_alloc(64, (size_t)2 * nb * INT8_PANEL_BLOCK);
+        if (!in_place && !panels) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int pi = 0; pi < (groups + 1) / 2; pi++) {
-            if (!space) continue;
-            const uint8_t *panels[2] = {space, space + (int64_t)nb * INT8_PANEL_BLOCK};
-            GroupPair pair = group_pair(w, &l, pi, groups, out);
-            for (int h = 0; h < pair.count; h++)
-                int8_panel(pair.group[h].data, &pair.group[h].format, nb, (uint8_t *)panels[h]);
+            if (!in_place && !panels) continue;
+            const GroupPair pair = group_pair(w, &l, pi, groups, out);
             const NextGroups next = next_groups(w, &l, pi, groups);
-            int8_groups(panels, pair.valid, nb, &in, rows, k, pair.out, n, &next);
+            int8_groups(pair.group, pair.count, panels, pair.valid, nb, &in, rows, k, pair.out, n, &next);
         }
-        free(space);
+        free(panels);
     }
     return failed ? -2 : 0;
 }
