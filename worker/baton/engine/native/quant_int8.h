@@ -194,34 +194,35 @@ static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const I
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, c);
 }
 
-/* Two groups (32 output columns; the second may repeat the first) against every input row,
- * INT8_ROWS rows a pass: the int8 blocks, then the outliers. nibbles0/1 (4-bit blocks read in
- * place) and `panel` are constants at each call, so the loop is built once for each case.
- * valid[h]: group h's real rows (0: none); `next`: the pair to fetch. */
+/* Two groups (32 output columns; the second may repeat the first) against input rows
+ * first..last, R (<= INT8_ROWS) rows a pass: the int8 blocks, then the outliers. nibbles0/1
+ * (4-bit blocks read in place), `panel` and R are constants at each call, so the loop is
+ * built once for each case. valid[h]: group h's real rows (0: none); `next`: the pair to
+ * fetch (asked for in the pass from row 0). */
 static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Source src[2], const int nibbles0,
-                                                                 const int nibbles1, const int panel,
-                                                                 const int valid[2], int nb, const Int8Inputs *in,
-                                                                 int rows, int k, float *const out[2], int n,
-                                                                 const NextGroups *next) {
+                                                                 const int nibbles1, const int panel, const int R,
+                                                                 int first, int last, const int valid[2], int nb,
+                                                                 const Int8Inputs *in, int k, float *const out[2],
+                                                                 int n, const NextGroups *next) {
     const __mmask16 keep[2] = {(__mmask16)((1u << valid[0]) - 1), (__mmask16)((1u << valid[1]) - 1)};
     __m512i pick[4];
     for (int byte = 0; byte < 4; byte++) /* byte `byte` of each lane of a 128-bit quarter; 0x80: zero */
         pick[byte] = _mm512_set4_epi32(0x80808000 | (12 + byte), 0x80808000 | (8 + byte), 0x80808000 | (4 + byte),
                                        0x80808000 | byte);
-    for (int r0 = 0; r0 < rows; r0 += INT8_ROWS) {
+    for (int r0 = first; r0 < last; r0 += R) {
         __m512 sums[2][INT8_ROWS];
-        for (int r = 0; r < INT8_ROWS; r++) sums[0][r] = sums[1][r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) sums[0][r] = sums[1][r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *g0 = src[0].data + b * src[0].step, *g1 = src[1].data + b * src[1].step;
             const int8_t *xb = in->q + (int64_t)r0 * k + b * QUANT_BLOCK;
             if (r0 == 0) prefetch_next_block(next, b);
             __m512i dots[2][INT8_ROWS];
-            for (int r = 0; r < INT8_ROWS; r++) dots[0][r] = dots[1][r] = _mm512_setzero_si512();
+            for (int r = 0; r < R; r++) dots[0][r] = dots[1][r] = _mm512_setzero_si512();
             for (int j = 0; j < 4; j++) {
                 __m512i a_lo, a_hi, b_lo, b_hi;
                 int8_chunks(g0 + src[0].quants, nibbles0, j, &a_lo, &a_hi);
                 int8_chunks(g1 + src[1].quants, nibbles1, j, &b_lo, &b_hi);
-                for (int r = 0; r < INT8_ROWS; r++) {
+                for (int r = 0; r < R; r++) {
                     const __m512i x_lo = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
                     const __m512i x_hi = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 16 + 4 * j));
                     dots[0][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dots[0][r], a_lo, x_lo), a_hi, x_hi);
@@ -231,7 +232,7 @@ static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Sourc
             __m512 dw[2], cw[2];
             int8_block_scales(g0, src[0].f, panel, &dw[0], &cw[0]);
             int8_block_scales(g1, src[1].f, panel, &dw[1], &cw[1]);
-            for (int r = 0; r < INT8_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 const int64_t at = (int64_t)(r0 + r) * nb + b;
                 const __m512 dx = _mm512_set1_ps(in->d[at]), sx = _mm512_set1_ps(in->dsum[at]);
                 for (int h = 0; h < 2; h++) {
@@ -240,17 +241,34 @@ static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Sourc
                 }
             }
         }
-        /* the outliers, after the blocks: 8 independent sums at a time */
+        /* the outliers, after the blocks: 2 R independent sums at a time */
         for (int o = 0; o < INT8_OUTLIERS; o++)
-            for (int r = 0; r < INT8_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 const Int8Outlier *taken = in->outliers + (int64_t)(r0 + r) * INT8_OUTLIERS + o;
                 const __m512 v = _mm512_set1_ps(taken->value);
                 sums[0][r] = _mm512_fmadd_ps(int8_outlier_weights(&src[0], panel, taken, pick), v, sums[0][r]);
                 sums[1][r] = _mm512_fmadd_ps(int8_outlier_weights(&src[1], panel, taken, pick), v, sums[1][r]);
             }
-        for (int r = 0; r < INT8_ROWS && r0 + r < rows; r++)
+        for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++)
                 if (valid[h]) _mm512_mask_storeu_ps(out[h] + (int64_t)(r0 + r) * n, keep[h], sums[h][r]);
+    }
+}
+
+/* Every input row, INT8_ROWS a pass and the last pass as many as are left: a decode step's
+ * 5 rows cost a pass of 4 and one of 1, not two of 4 (the LM head's 49,152 output rows make
+ * the difference). */
+_Static_assert(INT8_ROWS == 4, "int8_passes' last pass takes 1 to 3 rows");
+static inline __attribute__((always_inline)) void int8_passes(const Int8Source src[2], const int nibbles0,
+                                                              const int nibbles1, const int panel, const int valid[2],
+                                                              int nb, const Int8Inputs *in, int rows, int k,
+                                                              float *const out[2], int n, const NextGroups *next) {
+    const int whole = rows / INT8_ROWS * INT8_ROWS;
+    int8_pass_rows(src, nibbles0, nibbles1, panel, INT8_ROWS, 0, whole, valid, nb, in, k, out, n, next);
+    switch (rows - whole) {
+    case 1: int8_pass_rows(src, nibbles0, nibbles1, panel, 1, whole, rows, valid, nb, in, k, out, n, next); break;
+    case 2: int8_pass_rows(src, nibbles0, nibbles1, panel, 2, whole, rows, valid, nb, in, k, out, n, next); break;
+    case 3: int8_pass_rows(src, nibbles0, nibbles1, panel, 3, whole, rows, valid, nb, in, k, out, n, next); break;
     }
 }
 
@@ -266,14 +284,14 @@ static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, c
     }
     if (count < 2) src[1] = src[0]; /* never an unwritten panel */
     if (panels) {
-        int8_pass_rows(src, 0, 0, 1, valid, nb, in, rows, k, out, n, next);
+        int8_passes(src, 0, 0, 1, valid, nb, in, rows, k, out, n, next);
         return;
     }
     const int first = src[0].f->nibbles, second = src[1].f->nibbles;
-    if (first && second) int8_pass_rows(src, 1, 1, 0, valid, nb, in, rows, k, out, n, next);
-    else if (first) int8_pass_rows(src, 1, 0, 0, valid, nb, in, rows, k, out, n, next);
-    else if (second) int8_pass_rows(src, 0, 1, 0, valid, nb, in, rows, k, out, n, next);
-    else int8_pass_rows(src, 0, 0, 0, valid, nb, in, rows, k, out, n, next);
+    if (first && second) int8_passes(src, 1, 1, 0, valid, nb, in, rows, k, out, n, next);
+    else if (first) int8_passes(src, 1, 0, 0, valid, nb, in, rows, k, out, n, next);
+    else if (second) int8_passes(src, 0, 1, 0, valid, nb, in, rows, k, out, n, next);
+    else int8_passes(src, 0, 0, 0, valid, nb, in, rows, k, out, n, next);
 }
 
 static int64_t int8_scratch_bytes(int rows, int k) {
