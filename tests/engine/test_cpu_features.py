@@ -12,7 +12,6 @@ from baton.engine.quant.placement import (
     ENGINE_NAMES,
     PANEL_MIN_ROWS,
     dense_products,
-    panel_min_rows,
     prompt_dtype,
 )
 
@@ -162,25 +161,15 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
 ])
 def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside_them(text, engines, dtype, asked,
                                                                                        products, engine):
-    cpu = parse_cpuinfo(text, "x86_64")
-    chosen, why = dense_products(cpu, dtype, asked, engines=engines, asked_products=products)
+    chosen, why = dense_products(parse_cpuinfo(text, "x86_64"), dtype, asked, engines=engines,
+                                 asked_products=products)
     assert chosen.engine == engine
     if engine:
-        assert chosen.min_rows == panel_min_rows(engine, cpu) and ENGINE_NAMES[engine] in why
+        assert chosen.min_rows == PANEL_MIN_ROWS[engine] and ENGINE_NAMES[engine] in why
         assert ("int8" if engine == "avx512_vnni" else "bfloat16") in why
         assert PANEL_MIN_ROWS[engine] < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
     else:
         assert chosen.dtype == torch.float32 and chosen.min_rows == DENSE_MIN_ROWS[torch.float32]
-
-
-@pytest.mark.parametrize("text, rows", [(ZEN4, 2), (SAPPHIRE_RAPIDS, 8), (CASCADE_LAKE, 8)])
-def test_int8_products_take_a_decode_steps_few_rows_only_where_that_was_measured_to_pay(text, rows):
-    """From 2 rows on AMD's cores (measured on Zen 4), from 8 elsewhere; one row never."""
-    cpu = parse_cpuinfo(text, "x86_64")
-    assert panel_min_rows("avx512_vnni", cpu) == rows
-    chosen, why = dense_products(cpu, torch.float32, "auto", engines=["avx512_vnni"], asked_products="int8")
-    assert chosen.min_rows == rows and f"from {rows} rows" in why
-    assert panel_min_rows("avx512_bf16", cpu) == PANEL_MIN_ROWS["avx512_bf16"]  # the others as they were
 
 
 @pytest.mark.parametrize("engines, products, message", [

@@ -21,7 +21,6 @@ from baton.engine.quant.placement import (
     ENGINE_NAMES,
     PANEL_ROW_TILE,
     dense_products,
-    panel_min_rows,
     place_quantized,
     prompt_dtype,
 )
@@ -231,9 +230,8 @@ def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(smal
                              prompt_products="int8")
     assert "int8 on AVX512-VNNI" in engine.runner.quantization and "--prompt-products int8" in caplog.text
     steps = engine.runner.native.prompts
-    rows = panel_min_rows("avx512_vnni", this_cpu())  # 2 on AMD's cores, else 8
-    assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS["avx512_vnni"] and steps.quant_min_rows == rows
-    assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE["avx512_vnni"], rows)
+    assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS["avx512_vnni"] and steps.quant_min_rows == 8
+    assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE["avx512_vnni"], 8)
     ids = small_reference.tokenizer.encode(HELD_OUT)[:300]
     got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)
     agree = (reference.argmax(-1) == got.argmax(-1)).float().mean().item()

@@ -51,15 +51,6 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # decodes (contexts of 300) 49.3 -> 39.9 ms a step, 32 decodes 96.0 -> 64.4 ms
 # (bench/results/mixed_steps.xeon.decode_panels.json).
 PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 8}
-# The int8 products read the weights in place for a decode step's few rows
-# (native/quant_int8.h), and a last pass takes only the rows left: on a Zen 4 core they beat
-# the int16 kernels from 2 rows. Steps of decodes alone there took 6.0-6.3 / 8.8-9.3 /
-# 12.8-13.0 / 14.5-14.9 ms at 2 / 4 / 6 / 7 decodes against 7.1-7.2 / 10.1 / 15.1-15.5 /
-# 16.8-17.1 with them from 8 rows (two runs of each, alternating; the second pair:
-# bench/results/mixed_steps.zen4.int8_from_{2,8}_rows.json). Only AMD's cores were measured so:
-# elsewhere they keep the 8 rows above. One row (batch-1 decode) stays on the int16 kernels,
-# whose inputs keep 16 bits.
-VNNI_MIN_ROWS_BY_VENDOR = {"AuthenticAMD": 2}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
 # them (step_budget.on_row_tiles).
@@ -122,13 +113,6 @@ def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] |
     return "", ""
 
 
-def panel_min_rows(engine: str, cpu: CpuInfo) -> int:
-    """The fewest input rows a product runs on `engine` with, on this CPU."""
-    if engine == "avx512_vnni":
-        return VNNI_MIN_ROWS_BY_VENDOR.get(cpu.vendor, PANEL_MIN_ROWS[engine])
-    return PANEL_MIN_ROWS[engine]
-
-
 def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
                    engines: tuple[str, ...] | list[str] = (), asked_products: str = "auto") -> tuple[DenseProducts, str]:
     """How a CPU's many-row products run, and why (see `prompt_dtype`, `panel_engine`).
@@ -137,7 +121,7 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
     engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products)
     if engine:
-        rows = panel_min_rows(engine, cpu)
+        rows = PANEL_MIN_ROWS[engine]
         if engine in BF16_PANEL_ENGINES:
             how = f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product"
         else:
@@ -151,12 +135,11 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
 def row_tiles(model) -> RowTiles | None:
     """How the model's many-row quantized products take a step's rows, where they run in
     passes of several rows (the panel engines); else None."""
-    settings = {(w.dense.engine, w.dense.min_rows) for w in quantized_weights(model)
-                if w.dense is not None and w.dense.engine}
-    if len(settings) != 1:
+    engines = {w.dense.engine for w in quantized_weights(model) if w.dense is not None and w.dense.engine}
+    if len(engines) != 1:
         return None
-    engine, min_rows = settings.pop()
-    return RowTiles(PANEL_ROW_TILE[engine], min_rows)
+    engine = engines.pop()
+    return RowTiles(PANEL_ROW_TILE[engine], PANEL_MIN_ROWS[engine])
 
 
 def quantized_weights(model) -> list[QuantizedWeight]:
