@@ -255,9 +255,9 @@ static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Sourc
     }
 }
 
-/* Every input row, INT8_ROWS a pass and the last pass as many as are left: a decode step's
- * 5 rows cost a pass of 4 and one of 1, not two of 4 (the LM head's 49,152 output rows make
- * the difference). */
+/* Every input row, INT8_ROWS a pass and the last pass as many as are left: 9 rows cost two
+ * passes of 4 and one of 1, not three of 4 (on the LM head's 49,152 output rows, a
+ * difference). */
 _Static_assert(INT8_ROWS == 4, "int8_passes' last pass takes 1 to 3 rows");
 static inline __attribute__((always_inline)) void int8_passes(const Int8Source src[2], const int nibbles0,
                                                               const int nibbles1, const int panel, const int valid[2],
