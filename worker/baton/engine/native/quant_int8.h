@@ -1,4 +1,4 @@
-/* Products on quantized weights in int8 with AVX512-VNNI (VPDPBUSD), for many input rows.
+/* Products on quantized weights in int8 with AVX512-VNNI (VPDPBUSD), from a decode step's rows to a prompt's.
  *
  * The bf16 engines (quant_bf16.h) turn every weight into a bf16 value before multiplying:
  * a float conversion and FMA per weight per step, ~11 ms of SmolLM2's products on a Zen 4
