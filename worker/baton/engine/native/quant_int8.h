@@ -48,10 +48,10 @@ typedef struct { /* a value taken out of an input row, and where its weights lie
     float value;
 } Int8Outlier;
 
-typedef struct { /* the input rows as int8_inputs leaves them, padded to whole passes */
-    int8_t *q;             /* [padded, k] */
-    float *d, *dsum;       /* [padded, nb]: d_x, d_x * sum(x') */
-    Int8Outlier *outliers; /* [padded, INT8_OUTLIERS] */
+typedef struct { /* the input rows as int8_inputs leaves them */
+    int8_t *q;             /* [rows, k] */
+    float *d, *dsum;       /* [rows, nb]: d_x, d_x * sum(x') */
+    Int8Outlier *outliers; /* [rows, INT8_OUTLIERS] */
 } Int8Inputs;
 
 static inline float int8_block_max(const float *v) {
@@ -79,18 +79,11 @@ static void int8_take_outliers(float *row, int k, Int8Outlier *taken, float *ama
 }
 
 /* x[rows, k] float32 -> each row's outliers (int8_take_outliers) and the rest as int8 rows
- * [padded, k], per block d_x and d_x * sum(x'); rows past `rows` zero. `rest`: k floats,
- * `amax`: k / 32. */
-static void int8_inputs(const float *x, int rows, int padded, int k, float *rest, float *amax, Int8Inputs *in) {
+ * [rows, k], per block d_x and d_x * sum(x'). `rest`: k floats, `amax`: k / 32. */
+static void int8_inputs(const float *x, int rows, int k, float *rest, float *amax, Int8Inputs *in) {
     const int nb = k / QUANT_BLOCK;
-    for (int64_t r = 0; r < padded; r++) {
+    for (int64_t r = 0; r < rows; r++) {
         Int8Outlier *taken = in->outliers + r * INT8_OUTLIERS;
-        if (r >= rows) {
-            memset(in->q + r * k, 0, (size_t)k);
-            for (int b = 0; b < nb; b++) in->d[r * nb + b] = in->dsum[r * nb + b] = 0.0f;
-            for (int o = 0; o < INT8_OUTLIERS; o++) taken[o] = (Int8Outlier){0, 0, 0.0f};
-            continue;
-        }
         memcpy(rest, x + r * k, sizeof(float) * k);
         int8_take_outliers(rest, k, taken, amax);
         for (int b = 0; b < nb; b++) {
@@ -108,32 +101,6 @@ static void int8_inputs(const float *x, int rows, int padded, int k, float *rest
             _mm_storeu_si128((__m128i *)(o + 16), _mm512_cvtepi32_epi8(c1));
             in->d[r * nb + b] = scale;
             in->dsum[r * nb + b] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
-        }
-    }
-}
-
-/* One group's blocks as a byte panel (see the top of this file). */
-static void int8_panel(const uint8_t *group, const QuantFormat *f, int nb, uint8_t *panel) {
-    const int step = QUANT_ROWS * f->block_bytes;
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int b = 0; b < nb; b++, panel += INT8_PANEL_BLOCK) {
-        const uint8_t *g = group + (int64_t)b * step;
-        prefetch_block_ahead(g, step);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
-        const __m512 c = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
-                                    : _mm512_mul_ps(d, _mm512_set1_ps((float)-f->offset));
-        _mm512_store_ps((float *)(panel + 512), d);
-        _mm512_store_ps((float *)(panel + 576), c);
-        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes;
-        if (f->nibbles) {
-            /* byte i of a row's block: value i in its low nibble, value i + 16 in its high */
-            for (int j = 0; j < 4; j++) {
-                const __m512i v = _mm512_loadu_si512(qs + 64 * j);
-                _mm512_store_si512(panel + 64 * j, _mm512_and_si512(v, low));
-                _mm512_store_si512(panel + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-            }
-        } else {
-            for (int j = 0; j < 8; j++) _mm512_store_si512(panel + 64 * j, _mm512_loadu_si512(qs + 64 * j));
         }
     }
 }
@@ -178,6 +145,26 @@ static inline __attribute__((always_inline)) void int8_block_scales(const uint8_
     *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
     *c = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
                     : _mm512_mul_ps(*d, _mm512_set1_ps((float)-f->offset));
+}
+
+/* One group's blocks as a byte panel (see the top of this file): the chunks and scales a
+ * pass would read in place, stored once. */
+static void int8_panel(const uint8_t *group, const QuantFormat *f, int nb, uint8_t *panel) {
+    const int step = QUANT_ROWS * f->block_bytes;
+    for (int b = 0; b < nb; b++, panel += INT8_PANEL_BLOCK) {
+        const uint8_t *g = group + (int64_t)b * step, *qs = g + QUANT_ROWS * f->header_bytes;
+        prefetch_block_ahead(g, step);
+        __m512 d, c;
+        int8_block_scales(g, f, 0, &d, &c);
+        _mm512_store_ps((float *)(panel + 512), d);
+        _mm512_store_ps((float *)(panel + 576), c);
+        for (int j = 0; j < 4; j++) {
+            __m512i lo, hi;
+            int8_chunks(qs, f->nibbles, j, &lo, &hi);
+            _mm512_store_si512(panel + 64 * j, lo);
+            _mm512_store_si512(panel + 64 * (4 + j), hi);
+        }
+    }
 }
 
 /* An outlier's 16 weights in a group as floats, w = d_w u + c (Q4: u its nibble; Q8_0: its
@@ -295,23 +282,22 @@ static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, c
 }
 
 static int64_t int8_scratch_bytes(int rows, int k) {
-    const int64_t padded = (rows + INT8_ROWS - 1) / INT8_ROWS * INT8_ROWS;
-    return padded * k + padded * (k / QUANT_BLOCK) * 8 + padded * INT8_OUTLIERS * (int64_t)sizeof(Int8Outlier) +
+    return (int64_t)rows * k + (int64_t)rows * (k / QUANT_BLOCK) * 8 + (int64_t)rows * INT8_OUTLIERS * (int64_t)sizeof(Int8Outlier) +
            (int64_t)k * 4 + (int64_t)(k / QUANT_BLOCK) * 4 + 64;
 }
 
 /* out[rows, n] = x[rows, k] @ W^T from int8 products. Returns 0; -2 out of memory (nothing
  * written then or partly: the caller falls back). Threads take pairs of groups. */
 static int int8_product(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch) {
-    const int k = w->k, nb = k / QUANT_BLOCK, padded = (rows + INT8_ROWS - 1) / INT8_ROWS * INT8_ROWS;
+    const int k = w->k, nb = k / QUANT_BLOCK;
     Int8Inputs in;
     in.d = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    in.dsum = in.d + (int64_t)padded * nb;
-    in.outliers = (Int8Outlier *)(in.dsum + (int64_t)padded * nb);
-    float *rest = (float *)(in.outliers + (int64_t)padded * INT8_OUTLIERS);
+    in.dsum = in.d + (int64_t)rows * nb;
+    in.outliers = (Int8Outlier *)(in.dsum + (int64_t)rows * nb);
+    float *rest = (float *)(in.outliers + (int64_t)rows * INT8_OUTLIERS);
     float *amax = rest + k;
     in.q = (int8_t *)(amax + nb);
-    int8_inputs(x, rows, padded, k, rest, amax, &in);
+    int8_inputs(x, rows, k, rest, amax, &in);
     const QuantLayout l = quant_layout(w);
     const int n = l.first_row[w->count], groups = l.first_group[w->count], in_place = rows <= INT8_IN_PLACE_ROWS;
     int failed = 0;
