@@ -32,7 +32,7 @@ def test_key_check():
 async def test_router_state_and_models_need_the_key_health_and_metrics_do_not(fake_workers, model_info):
     decode = await fake_workers("decode")
     async with running_router(model_info, [decode.url], api_key="k") as url, httpx.AsyncClient(base_url=url) as http:
-        for path in ("/router/state", "/v1/models"):
+        for path in ("/router/state", "/router/placements", "/v1/models"):
             r = await http.get(path)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             assert (await http.get(path, headers={"Authorization": "Bearer k"})).status_code == 200

@@ -18,6 +18,7 @@ from baton.router.completions import CompletionRoutes, CompletionService
 from baton.router.discovery import Discovery
 from baton.router.dispatch import RESERVE_HEADROOM_TOKENS, Deadlines, Dispatcher
 from baton.router.metrics import RouterMetrics
+from baton.router.placements import placement_summary
 from baton.router.policy import DECODE_ROLES
 from baton.router.pool import WorkerPool
 from baton.router.protocol import ApiError
@@ -114,6 +115,19 @@ def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | No
             return _error(unauthorized)
         return {"workers": [w.__dict__ for w in pool.snapshots()], "threshold": estimator.explain(),
                 "admission": {"running": admission.running, "waiting": admission.waiting}}
+
+    @app.get("/router/placements")  # the last prompts' paths and what chose them (placements.py)
+    async def router_placements(request: Request):
+        if not authorized(request.scope, expected):
+            return _error(unauthorized)
+        raw = request.query_params.get("limit")
+        limit = int(raw) if raw is not None and raw.isdigit() and int(raw) > 0 else None
+        if raw is not None and limit is None:
+            return _error(ApiError(400, f"limit must be a whole number of placements >= 1, got {raw!r}",
+                                   param="limit"))
+        recent = dispatcher.placements.recent(limit)
+        return {"total": dispatcher.placements.total, "summary": placement_summary(recent),
+                "placements": [p.as_json() for p in recent]}
 
     @app.get("/metrics")
     async def prometheus():

@@ -10,6 +10,7 @@ prompt (a seeded one continuing its random stream after them). Every wait has a 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from baton.engine.block_manager import block_hashes
 from baton.router.metrics import RouterMetrics
+from baton.router.placements import Placement, PlacementLog
 from baton.router.policy import (
     RECENT_SENDS_WINDOW_S,
     PrefixIndex,
@@ -38,6 +40,7 @@ from baton.router.worker_client import (
     WorkerUnavailable,
 )
 
+log = logging.getLogger("baton.router.dispatch")
 
 @dataclass
 class Deadlines:
@@ -89,6 +92,7 @@ class Dispatcher:
         self.index = index or PrefixIndex()
         self._background: set[asyncio.Task] = set()
         self._remote_sends: deque[tuple[float, int]] = deque(maxlen=4096)  # when, and tokens, lately sent away
+        self.placements = PlacementLog()
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: dict) -> AsyncIterator[Chunk]:
         """Chunks of new token ids until one carries a finish reason."""
@@ -119,7 +123,11 @@ class Dispatcher:
         cached = self.index.cached_blocks(decode[0].url, hashes) * self.block_size
         prefill = rank_prefill(self.pool.snapshots(), hashes, self.index)
         uncached = len(prompt) - cached
-        path = choose_path(uncached, self._threshold(decode[0], prefill, uncached), bool(prefill))
+        terms = self._threshold_terms(decode[0], prefill, uncached)
+        threshold = self.estimator.threshold(**terms)
+        path = choose_path(uncached, threshold, bool(prefill))
+        self._record_placement(rid, len(prompt), uncached, path, threshold, decode[0].url,
+                               prefill[0].url if prefill else None, terms)
         if path == "remote":
             self._note_remote_send(uncached)
             try:
@@ -135,19 +143,28 @@ class Dispatcher:
             async for chunk in chunks:
                 yield chunk
 
-    def _threshold(self, decode: WorkerSnapshot, prefill: list[WorkerSnapshot], uncached: int) -> float:
-        """The disaggregation threshold for a prompt of `uncached` tokens headed to `decode`, with
-        `prefill` the prefill workers best first. Its load terms are worked out only where they
-        count: with a prefill worker to choose, and the threshold not fixed."""
+    def _threshold_terms(self, decode: WorkerSnapshot, prefill: list[WorkerSnapshot], uncached: int) -> dict:
+        """The load terms of the disaggregation threshold (ThresholdEstimator.threshold's
+        arguments) for a prompt of `uncached` tokens headed to `decode`, with `prefill` the
+        prefill workers best first. Worked out only where they count: with a prefill worker to
+        choose, and the threshold not fixed (else none: the unloaded threshold)."""
         if not prefill or not self.estimator.is_auto:
-            return self.estimator.threshold()
+            return {}
         queue, chunk = prefill[0].inflight_prompts, prefill[0].chunk_size
         queued = prefill_queue_ahead(queue, uncached, chunk)
-        return self.estimator.threshold(decoding=self._stalled_by_local(decode, queue, uncached, chunk),
-                                        queued_tokens=queued,
-                                        held_prompts=self._held_up(uncached, queued, len(prefill), chunk),
-                                        local_s_per_token=decode.prefill_s_per_token,
-                                        local_queued_tokens=sum(decode.inflight_prompts))
+        return {"decoding": self._stalled_by_local(decode, queue, uncached, chunk), "queued_tokens": queued,
+                "held_prompts": self._held_up(uncached, queued, len(prefill), chunk),
+                "local_s_per_token": decode.prefill_s_per_token,
+                "local_queued_tokens": sum(decode.inflight_prompts)}
+
+    def _record_placement(self, rid: str, prompt_tokens: int, uncached: int, path: str, threshold: float,
+                          decode_url: str, prefill_url: str | None, terms: dict) -> None:
+        estimates = self.estimator.explain(with_threshold=False)
+        placement = Placement(time.time(), rid, prompt_tokens, uncached, path, threshold, decode_url, prefill_url,
+                              terms, estimates)
+        self.placements.record(placement)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("placement %s", placement.as_json())
 
     def _note_remote_send(self, tokens: int) -> None:
         """Keep the prompts sent to the prefill pool over the last window, for `_held_up`."""

@@ -151,10 +151,12 @@ class ThresholdEstimator:
                                 local_s_per_token=local_s_per_token, held_prompts=held_prompts,
                                 local_queued_tokens=local_queued_tokens)
 
-    def explain(self) -> dict:
-        return {"mode": "fixed" if self.fixed is not None else "auto",
-                "threshold_tokens": self.threshold(),
-                "o_fixed_s": self.o_fixed_s.value,
-                "prefill_s_per_token": self.prefill_s_per_token.value,
-                "kv_bytes_per_token": self.kv_bytes_per_token.value,
-                "link_bytes_per_s": self.link_bytes_per_s.value}
+    def explain(self, with_threshold: bool = True) -> dict:
+        """The estimates behind the threshold (None: not measured yet) and, `with_threshold`,
+        the unloaded threshold itself (None where infinite: JSON has no infinity)."""
+        out = {"mode": "fixed" if self.fixed is not None else "auto"}
+        if with_threshold:
+            unloaded = self.threshold()
+            out["threshold_tokens"] = unloaded if math.isfinite(unloaded) else None
+        return {**out, "o_fixed_s": self.o_fixed_s.value, "prefill_s_per_token": self.prefill_s_per_token.value,
+                "kv_bytes_per_token": self.kv_bytes_per_token.value, "link_bytes_per_s": self.link_bytes_per_s.value}
