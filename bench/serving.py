@@ -29,6 +29,7 @@ from serving_servers import (
     ROOT,
     baton_up,
     remove_dist_alias,
+    router_decisions,
     router_placements,
     vllm_bench_serve,
     vllm_serve,
@@ -167,6 +168,7 @@ def run_system(name: str, args: argparse.Namespace, work: Path, venv: Path, mode
         if system is not None:
             row["prefill_placements"] = router_placements(server.url)
             row["worker_steps"] = worker_steps(server.url)  # the warm-ups' steps too
+            row["placement_decisions"] = router_decisions(server.url)  # the threshold each prompt met, and why
         return row
     except Exception as exc:
         return {"error": str(exc)[-2000:]}

@@ -39,6 +39,21 @@ def router_placements(url: str) -> dict[str, float]:
     return found
 
 
+def router_decisions(url: str) -> dict:
+    """Baton's router at `url`: its placement decisions and what each was made of
+    (`/router/placements`), times relative to the first; empty for another server."""
+    try:
+        answer = httpx.get(url + "/router/placements", timeout=5.0).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    placements = answer.get("placements", [])
+    start = placements[0]["at"] if placements else 0.0
+    for p in placements:
+        p["at"] = round(p["at"] - start, 3)
+        p.pop("request_id", None)
+    return {"summary": answer.get("summary", {}), "placements": placements}
+
+
 def worker_steps(url: str) -> dict[str, dict]:
     """Baton's workers behind the router at `url`: each one's engine steps by kind
     (step_histograms.step_summary), keyed by role and address; empty elsewhere."""
