@@ -121,6 +121,9 @@ def test_greedy_answers_equal_the_offline_engine(client, engine, router_url, pat
     routes_after = metric(httpx.get(f"{router_url}/metrics").text, "baton_router_routes_total",
                           path=path)
     assert routes_after == routes_before + 1  # it really took that path
+    (placement,) = httpx.get(f"{router_url}/router/placements", params={"limit": 1}).json()["placements"]
+    assert placement["path"] == path  # and says why: the threshold the prompt met
+    assert (placement["uncached_tokens"] >= placement["threshold_tokens"]) == (path == "remote"), placement
 
 
 def test_long_prompt_hands_the_kv_cache_over_between_pod_addresses(cluster, client, tiny):
