@@ -96,6 +96,33 @@ def test_fp32_mixed_step_matches_the_torch_path():
 
 
 @needs_prompt_steps
+@pytest.mark.parametrize("prompt_tokens, sampled", [(40, 0), (70, 1)])
+def test_the_last_layer_carries_only_the_sampled_rows_and_still_writes_every_rows_kv(prompt_tokens, sampled):
+    """Past its K/V a prompt row feeds nothing in the last layer unless it is sampled: a
+    chunk that does not end its prompt samples no row, one that does only its last. The
+    native step takes only those rows on through the last layer's attention and MLP; every
+    row's K/V, the last layer's too, is as the torch path writes it, and the sampled row's
+    logits as the torch path's (which carries every row)."""
+    runner = make_engine(num_kv_blocks=128).runner
+    seq = _sequence("prompt", 70, 0, 0, runner.block_size, 4)
+    batch = ScheduledBatch(prefills=[(seq, prompt_tokens)])
+    native = runner.native
+    assert native is not None and native.prompts.max_rows > prompt_tokens
+    sampling, native_logits = runner.run(batch)
+    native_kv = _written_kv(runner, [seq], batch)
+    runner.native = None
+    try:
+        torch_sampling, torch_logits = runner.run(batch)
+    finally:
+        runner.native = native
+    assert len(sampling) == len(torch_sampling) == sampled
+    torch.testing.assert_close(native_kv, _written_kv(runner, [seq], batch), atol=2e-5, rtol=1e-5)
+    if sampled:
+        assert native_logits.shape == (1, 49152)
+        torch.testing.assert_close(native_logits, torch_logits.float(), atol=2e-4, rtol=1e-5)
+
+
+@needs_prompt_steps
 def test_fp32_mixed_step_over_a_bf16_cache_is_as_close_as_the_decode_step():
     """A fresh prompt's chunk attends over its own K/V: torch's path over the float32 rows
     it just computed, the native step over the bf16 rows it wrote, so the two part by a

@@ -336,11 +336,9 @@ static void FN(sum_over_ranks)(const Model *m, float *x, int64_t count) {
     for (int64_t i = 0; i < count; i++) x[i] = ROUND(x[i]);
 }
 
-/* Attention half of a layer: norm, QKV, RoPE, cache write, attention, output projection
- * (into ws->out). 0, or FN(attention)'s status. */
-static int FN(attention_block)(const Model *m, const Layer *layer, int rows,
-                               const int64_t *positions, const int32_t *tables, int table_width,
-                               const Prompts *prompts, const Workspace *ws) {
+/* A layer's norm, QKV product, RoPE and cache write, for every row (into ws->qkv). */
+static void FN(qkv_into_cache)(const Model *m, const Layer *layer, int rows, const int64_t *positions,
+                               const int32_t *tables, int table_width, const Workspace *ws) {
     const int h = m->hidden, d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
     const int qkv_width = (hq + 2 * hkv) * d, kv_width = hkv * d;
     KV_ELEM *k_cache = (KV_ELEM *)layer->k_cache, *v_cache = (KV_ELEM *)layer->v_cache;
@@ -356,12 +354,63 @@ static int FN(attention_block)(const Model *m, const Layer *layer, int rows,
             v_cache[slot * kv_width + i] = KV_STORE(row[(hq + hkv) * d + i]);
         }
     }
-    const int status = FN(attention)(m, layer, rows, ws->qkv, qkv_width, positions, tables, table_width, prompts,
-                                     ws->attn);
+}
+
+/* Attention half of a layer: norm, QKV, RoPE, cache write, attention, output projection
+ * (into ws->out). 0, or FN(attention)'s status. */
+static int FN(attention_block)(const Model *m, const Layer *layer, int rows,
+                               const int64_t *positions, const int32_t *tables, int table_width,
+                               const Prompts *prompts, const Workspace *ws) {
+    const int h = m->hidden, d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
+    FN(qkv_into_cache)(m, layer, rows, positions, tables, table_width, ws);
+    const int status = FN(attention)(m, layer, rows, ws->qkv, (hq + 2 * hkv) * d, positions, tables, table_width,
+                                     prompts, ws->attn);
     if (status) return status;
     LINEAR(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
            NULL, ws->out);
     FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
+    return 0;
+}
+
+/* The last layer's attention half where fewer rows are sampled than the step has: every row's
+ * K/V is written (later steps attend over it), but only the sampled rows (logit_rows,
+ * increasing) go on through attention and the output projection, moved to the front of
+ * ws->attn and ws->residual as they go; the MLP then takes only them. A prompt chunk's other
+ * rows need nothing past their K/V here: of a 256-token prompt's step that is 255 rows of
+ * the last layer's attention, output projection and MLP (on a Zen 4 core 240.6-250.2 ms
+ * became 235.3-240.9, a 512-token prompt's 526-558 ms 509-520: results/last_layer_zen4/).
+ * A row's attention sees the keys up to its position whatever rows share its chunk; its
+ * products, taken at fewer rows, may run on another engine (the int16 kernels below 8). 0,
+ * or prompt attention's status. */
+static int FN(sampled_attention_block)(const Model *m, const Layer *layer, int rows, const int64_t *positions,
+                                       const int32_t *tables, int table_width, const Prompts *prompts,
+                                       const int64_t *logit_rows, int logit_count, const Workspace *ws) {
+    const int h = m->hidden, d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
+    const int qkv_width = (hq + 2 * hkv) * d, first = (int)prompts->starts[prompts->chunks];
+    const int64_t attn_width = (int64_t)hq * d;
+    FN(qkv_into_cache)(m, layer, rows, positions, tables, table_width, ws);
+    FN(attend_rows)(ws->qkv + (int64_t)first * qkv_width, qkv_width, rows - first, (const KV_ELEM *)layer->k_cache,
+                    (const KV_ELEM *)layer->v_cache, positions + first, 1, tables + (int64_t)first * table_width,
+                    table_width, m->block_size, hq, hkv, d, m->scale, ws->attn + first * attn_width);
+    for (int i = 0; i < logit_count; i++) {
+        const int64_t r = logit_rows[i];
+        if (r >= first) continue; /* a decode row: above */
+        const int status = prompt_attention_paged(
+            ws->qkv + r * qkv_width, qkv_width, layer->k_cache, layer->v_cache, KV_BF16, tables + r * table_width,
+            m->block_size, 1, (int)(positions[r] + 1), hq, hkv, d, m->scale, ws->attn + r * attn_width,
+            prompts->bf16_products);
+        if (status) return status;
+        for (int64_t j = 0; ROUNDS && j < attn_width; j++) ws->attn[r * attn_width + j] = ROUND(ws->attn[r * attn_width + j]);
+    }
+    for (int i = 0; i < logit_count; i++) /* the sampled rows to the front (each moves down or stays) */
+        if (logit_rows[i] != i) {
+            memmove(ws->attn + i * attn_width, ws->attn + logit_rows[i] * attn_width, sizeof(float) * attn_width);
+            memmove(ws->residual + (int64_t)i * h, ws->residual + logit_rows[i] * h, sizeof(float) * h);
+        }
+    if (logit_count == 0) return 0;
+    LINEAR(m, ws, ws->attn, logit_count, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
+           NULL, ws->out);
+    FN(sum_over_ranks)(m, ws->out, (int64_t)logit_count * h);
     return 0;
 }
 
@@ -401,17 +450,23 @@ int FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids, co
         }
     }
     FN(sum_over_ranks)(m, ws->residual, width);
+    int live = rows; /* the rows the layers still carry: the last one takes only the sampled rows on */
     for (int l = 0; l < m->num_layers; l++) {
         const Layer *layer = &m->layers[l];
-        if (l > 0) FN(add_rows)(ws->residual, ws->out, width);
-        const int status = FN(attention_block)(m, layer, rows, positions, tables, table_width, prompts, ws);
+        if (l > 0) FN(add_rows)(ws->residual, ws->out, (int64_t)live * h);
+        const int sampled_only = l == m->num_layers - 1 && logit_count < rows;
+        const int status = sampled_only
+            ? FN(sampled_attention_block)(m, layer, rows, positions, tables, table_width, prompts, logit_rows,
+                                          logit_count, ws)
+            : FN(attention_block)(m, layer, rows, positions, tables, table_width, prompts, ws);
         if (status) return status;
-        FN(add_rows)(ws->residual, ws->out, width);
-        FN(mlp_block)(m, layer, rows, ws);
+        if (sampled_only) live = logit_count;
+        FN(add_rows)(ws->residual, ws->out, (int64_t)live * h);
+        if (live) FN(mlp_block)(m, layer, live, ws);
         if (m->layer_done) m->layer_done(l);
     }
-    FN(add_rows)(ws->residual, ws->out, width);
-    for (int i = 0; i < logit_count; i++) /* the sampled rows to the front (each moves down or stays) */
+    FN(add_rows)(ws->residual, ws->out, (int64_t)live * h);
+    for (int i = 0; live == rows && i < logit_count; i++) /* the sampled rows to the front, where not yet */
         if (logit_rows[i] != i)
             memmove(ws->residual + (int64_t)i * h, ws->residual + logit_rows[i] * h, sizeof(float) * h);
     FN(norm_rows)(m, m->final_norm, logit_count, ws);
