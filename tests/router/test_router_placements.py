@@ -41,11 +41,16 @@ def test_a_placement_as_json_has_no_infinity_and_keeps_its_terms():
 
 
 def test_the_summary_counts_paths_and_infinite_thresholds():
+    alone = Placement(0.0, "r", 256, 256, "local", 512.0, "d", None)  # no prefill worker: its threshold says nothing
     decisions = [placement("local", math.inf), placement("local", 400.0), placement("remote", 100.0),
-                 placement("remote", 200.0)]
-    assert placement_summary(decisions) == {"placements": 4, "local": 2, "remote": 2, "infinite_thresholds": 1,
+                 placement("remote", 200.0), alone]
+    assert placement_summary(decisions) == {"placements": 5, "local": 3, "remote": 2, "without_prefill_worker": 1,
+                                            "infinite_thresholds": 1,
                                             "threshold_tokens": {"min": 100.0, "median": 200.0, "max": 400.0}}
-    assert placement_summary([]) == {"placements": 0, "local": 0, "remote": 0, "infinite_thresholds": 0}
+    assert placement_summary([alone]) == {"placements": 1, "local": 1, "remote": 0, "without_prefill_worker": 1,
+                                          "infinite_thresholds": 0}
+    assert placement_summary([]) == {"placements": 0, "local": 0, "remote": 0, "without_prefill_worker": 0,
+                                     "infinite_thresholds": 0}
 
 
 def test_an_infinite_threshold_is_null_in_the_routers_state():

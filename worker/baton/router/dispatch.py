@@ -42,6 +42,7 @@ from baton.router.worker_client import (
 
 log = logging.getLogger("baton.router.dispatch")
 
+
 @dataclass
 class Deadlines:
     no_worker_wait_s: float = 30.0  # for some decode worker to appear

@@ -67,13 +67,16 @@ class PlacementLog:
 
 
 def placement_summary(placements: list[Placement]) -> dict:
-    """How many went each way, and the thresholds they met: the least, median and most of the
-    finite ones, and how many were infinite (the remote path's cost outweighed any length)."""
-    finite = [p.threshold_tokens for p in placements if math.isfinite(p.threshold_tokens)]
+    """How many went each way, how many had no prefill worker to choose (local whatever the
+    threshold), and the thresholds the others met: the least, median and most of the finite
+    ones, and how many were infinite (the remote path's cost outweighed any length)."""
+    chosen = [p for p in placements if p.prefill_worker is not None]
+    finite = [p.threshold_tokens for p in chosen if math.isfinite(p.threshold_tokens)]
     summary = {"placements": len(placements),
                "local": sum(p.path == "local" for p in placements),
                "remote": sum(p.path == "remote" for p in placements),
-               "infinite_thresholds": len(placements) - len(finite)}
+               "without_prefill_worker": len(placements) - len(chosen),
+               "infinite_thresholds": len(chosen) - len(finite)}
     if finite:
         summary["threshold_tokens"] = {"min": _number(min(finite)), "median": _number(statistics.median(finite)),
                                        "max": _number(max(finite))}
