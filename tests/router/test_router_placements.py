@@ -36,21 +36,22 @@ def test_a_placement_as_json_has_no_infinity_and_keeps_its_terms():
     as_json = placement("local", math.inf).as_json()
     assert as_json["threshold_tokens"] is None  # every prompt stays home
     assert as_json["terms"] == {"decoding": 3, "held_prompts": 1.25, "local_s_per_token": None}
-    assert as_json["estimates"] == {"mode": "auto", "o_fixed_s": 0.05}
+    assert as_json["estimates"] == {"mode": "auto", "o_fixed_s": 0.05} and as_json["fallback"] is False
     assert placement("remote", 123.456789).as_json()["threshold_tokens"] == pytest.approx(123.457)
 
 
 def test_the_summary_counts_paths_and_infinite_thresholds():
     alone = Placement(0.0, "r", 256, 256, "local", 512.0, "d", None)  # no prefill worker: its threshold says nothing
+    fell_back = Placement(0.0, "r-local", 256, 256, "local", 100.0, "d", "p", fallback=True)  # after a remote try
     decisions = [placement("local", math.inf), placement("local", 400.0), placement("remote", 100.0),
-                 placement("remote", 200.0), alone]
-    assert placement_summary(decisions) == {"placements": 5, "local": 3, "remote": 2, "without_prefill_worker": 1,
-                                            "infinite_thresholds": 1,
+                 placement("remote", 200.0), alone, fell_back]
+    assert placement_summary(decisions) == {"placements": 5, "local": 3, "remote": 2, "fell_back_local": 1,
+                                            "without_prefill_worker": 1, "infinite_thresholds": 1,
                                             "threshold_tokens": {"min": 100.0, "median": 200.0, "max": 400.0}}
-    assert placement_summary([alone]) == {"placements": 1, "local": 1, "remote": 0, "without_prefill_worker": 1,
-                                          "infinite_thresholds": 0}
-    assert placement_summary([]) == {"placements": 0, "local": 0, "remote": 0, "without_prefill_worker": 0,
-                                     "infinite_thresholds": 0}
+    assert placement_summary([alone]) == {"placements": 1, "local": 1, "remote": 0, "fell_back_local": 0,
+                                          "without_prefill_worker": 1, "infinite_thresholds": 0}
+    assert placement_summary([]) == {"placements": 0, "local": 0, "remote": 0, "fell_back_local": 0,
+                                     "without_prefill_worker": 0, "infinite_thresholds": 0}
 
 
 def test_an_infinite_threshold_is_null_in_the_routers_state():
@@ -92,6 +93,23 @@ async def test_the_router_serves_each_prompts_path_and_the_threshold_it_met(fake
     for response in bad:
         assert response.status_code == 400 and response.json()["error"]["param"] == "limit"
     assert unkeyed.status_code == 401
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_whose_remote_path_fails_is_recorded_again_where_it_went(fake_workers, model_info):
+    decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
+    prefill.fail_prefills = 5  # every try fails: the prompt falls back to its decode worker
+    async with running_router(model_info, [decode.url, prefill.url], disagg_threshold=0) as url:
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=20)
+        await api.completions.create(model="smollm2", prompt=[9] * 100, max_tokens=2)
+        async with httpx.AsyncClient(base_url=url) as http:
+            answer = (await http.get("/router/placements")).json()
+    decided, fell_back = answer["placements"]
+    assert (decided["path"], decided["fallback"]) == ("remote", False)
+    assert (fell_back["path"], fell_back["fallback"]) == ("local", True)
+    assert fell_back["request_id"] == decided["request_id"] + "-local" and fell_back["decode_worker"] == decode.url
+    assert answer["summary"]["remote"] == 1 and answer["summary"]["fell_back_local"] == 1
+    assert len(decode.paths("generate")) == 1
 
 
 @pytest.mark.asyncio

@@ -140,6 +140,8 @@ class Dispatcher:
                 self.metrics.retries.labels("fallback_local").inc()
                 decode = await self._decode_candidates(hashes=hashes, prompt_tokens=len(prompt))
                 rid = f"{rid}-local"  # ids are single-use on a worker that saw a reservation
+                self._record_placement(rid, len(prompt), uncached, "local", threshold, decode[0].url,
+                                       prefill[0].url, terms, fallback=True)
         async with aclosing(self._local(rid, prompt, params, hashes, decode[0].url)) as chunks:
             async for chunk in chunks:
                 yield chunk
@@ -159,10 +161,10 @@ class Dispatcher:
                 "local_queued_tokens": sum(decode.inflight_prompts)}
 
     def _record_placement(self, rid: str, prompt_tokens: int, uncached: int, path: str, threshold: float,
-                          decode_url: str, prefill_url: str | None, terms: dict) -> None:
+                          decode_url: str, prefill_url: str | None, terms: dict, fallback: bool = False) -> None:
         estimates = self.estimator.explain(with_threshold=False)
         placement = Placement(time.time(), rid, prompt_tokens, uncached, path, threshold, decode_url, prefill_url,
-                              terms, estimates)
+                              terms, estimates, fallback)
         self.placements.record(placement)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("placement %s", placement.as_json())

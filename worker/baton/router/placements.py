@@ -30,6 +30,7 @@ class Placement:
     prefill_worker: str | None  # the best prefill worker when the choice was made (None: none)
     terms: dict = field(default_factory=dict)  # the threshold's load terms (ThresholdEstimator.threshold's arguments)
     estimates: dict = field(default_factory=dict)  # the estimator's inputs then (ThresholdEstimator.explain)
+    fallback: bool = False  # local because the remote path failed (the decision before it is recorded too)
 
     def as_json(self) -> dict:
         """JSON-safe: an infinite or unknown number is null."""
@@ -38,7 +39,8 @@ class Placement:
                 "threshold_tokens": _number(self.threshold_tokens), "decode_worker": self.decode_worker,
                 "prefill_worker": self.prefill_worker,
                 "terms": {k: _number(v) for k, v in self.terms.items()},
-                "estimates": {k: v if isinstance(v, str) else _number(v) for k, v in self.estimates.items()}}
+                "estimates": {k: v if isinstance(v, str) else _number(v) for k, v in self.estimates.items()},
+                "fallback": self.fallback}
 
 
 def _number(value: float | int | None) -> float | int | None:
@@ -67,15 +69,18 @@ class PlacementLog:
 
 
 def placement_summary(placements: list[Placement]) -> dict:
-    """How many went each way, how many had no prefill worker to choose (local whatever the
-    threshold), and the thresholds the others met: the least, median and most of the finite
-    ones, and how many were infinite (the remote path's cost outweighed any length)."""
-    chosen = [p for p in placements if p.prefill_worker is not None]
+    """How many went each way by the threshold, how many fell back to local when the remote
+    path failed, how many had no prefill worker to choose (local whatever the threshold), and
+    the thresholds the others met: the least, median and most of the finite ones, and how many
+    were infinite (the remote path's cost outweighed any length)."""
+    decided = [p for p in placements if not p.fallback]
+    chosen = [p for p in decided if p.prefill_worker is not None]
     finite = [p.threshold_tokens for p in chosen if math.isfinite(p.threshold_tokens)]
-    summary = {"placements": len(placements),
-               "local": sum(p.path == "local" for p in placements),
-               "remote": sum(p.path == "remote" for p in placements),
-               "without_prefill_worker": len(placements) - len(chosen),
+    summary = {"placements": len(decided),
+               "local": sum(p.path == "local" for p in decided),
+               "remote": sum(p.path == "remote" for p in decided),
+               "fell_back_local": len(placements) - len(decided),
+               "without_prefill_worker": len(decided) - len(chosen),
                "infinite_thresholds": len(chosen) - len(finite)}
     if finite:
         summary["threshold_tokens"] = {"min": _number(min(finite)), "median": _number(statistics.median(finite)),
