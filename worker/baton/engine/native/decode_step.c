@@ -108,6 +108,13 @@ static inline int64_t cache_slot(const int32_t *table, int block_size, int64_t p
     return (int64_t)table[position / block_size] * block_size + position % block_size;
 }
 
+/* Rows rows[0..count) (increasing) of x [.., width] moved to its first count rows, in order
+ * (each moves down or stays). */
+static void rows_to_front(float *x, int64_t width, const int64_t *rows, int count) {
+    for (int i = 0; i < count; i++)
+        if (rows[i] != i) memmove(x + i * width, x + rows[i] * width, sizeof(float) * width);
+}
+
 /* Attention works on up to this many query heads of one KV head, this many tokens at a time. */
 #define ATTENTION_HEADS 16
 #define ATTENTION_TOKENS 32

@@ -281,15 +281,23 @@ static void FN(attend_rows)(const float *q, int64_t q_stride, int rows, const KV
  * row's in attend_rows, a prompt chunk's rows together in prompt attention (a row sees the
  * keys up to its own position; every row's K/V is in the cache by now). 0, or
  * prompt_attention_run's status. */
-static int FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
-                         int qkv_width, const int64_t *positions, const int32_t *tables,
-                         int table_width, const Prompts *prompts, float *attn) {
-    const int first = (int)prompts->starts[prompts->chunks]; /* the first decode row */
+/* The decode rows' attention (rows first..rows - 1), each over its own context. */
+static void FN(decode_rows_attention)(const Model *m, const Layer *layer, int first, int rows, const float *qkv,
+                                      int qkv_width, const int64_t *positions, const int32_t *tables,
+                                      int table_width, float *attn) {
     const int64_t attn_width = (int64_t)m->num_heads * m->head_dim;
     FN(attend_rows)(qkv + (int64_t)first * qkv_width, qkv_width, rows - first, (const KV_ELEM *)layer->k_cache,
                     (const KV_ELEM *)layer->v_cache, positions + first, 1, tables + (int64_t)first * table_width,
                     table_width, m->block_size, m->num_heads, m->num_kv_heads, m->head_dim, m->scale,
                     attn + first * attn_width);
+}
+
+static int FN(attention)(const Model *m, const Layer *layer, int rows, const float *qkv,
+                         int qkv_width, const int64_t *positions, const int32_t *tables,
+                         int table_width, const Prompts *prompts, float *attn) {
+    const int first = (int)prompts->starts[prompts->chunks]; /* the first decode row */
+    const int64_t attn_width = (int64_t)m->num_heads * m->head_dim;
+    FN(decode_rows_attention)(m, layer, first, rows, qkv, qkv_width, positions, tables, table_width, attn);
     for (int c = 0; c < prompts->chunks; c++) {
         const int64_t r0 = prompts->starts[c], n = prompts->starts[c + 1] - r0;
         const int status = prompt_attention_paged(
@@ -356,19 +364,24 @@ static void FN(qkv_into_cache)(const Model *m, const Layer *layer, int rows, con
     }
 }
 
+/* The attention's output projection of the first `rows` rows of ws->attn (into ws->out). */
+static void FN(output_projection)(const Model *m, const Layer *layer, int rows, const Workspace *ws) {
+    LINEAR(m, ws, ws->attn, rows, m->num_heads * m->head_dim, layer->o_proj, layer->o_proj_packed,
+           layer->o_proj_quant, m->hidden, NULL, ws->out);
+    FN(sum_over_ranks)(m, ws->out, (int64_t)rows * m->hidden);
+}
+
 /* Attention half of a layer: norm, QKV, RoPE, cache write, attention, output projection
  * (into ws->out). 0, or FN(attention)'s status. */
 static int FN(attention_block)(const Model *m, const Layer *layer, int rows,
                                const int64_t *positions, const int32_t *tables, int table_width,
                                const Prompts *prompts, const Workspace *ws) {
-    const int h = m->hidden, d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
+    const int d = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads;
     FN(qkv_into_cache)(m, layer, rows, positions, tables, table_width, ws);
     const int status = FN(attention)(m, layer, rows, ws->qkv, (hq + 2 * hkv) * d, positions, tables, table_width,
                                      prompts, ws->attn);
     if (status) return status;
-    LINEAR(m, ws, ws->attn, rows, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
-           NULL, ws->out);
-    FN(sum_over_ranks)(m, ws->out, (int64_t)rows * h);
+    FN(output_projection)(m, layer, rows, ws);
     return 0;
 }
 
@@ -389,9 +402,7 @@ static int FN(sampled_attention_block)(const Model *m, const Layer *layer, int r
     const int qkv_width = (hq + 2 * hkv) * d, first = (int)prompts->starts[prompts->chunks];
     const int64_t attn_width = (int64_t)hq * d;
     FN(qkv_into_cache)(m, layer, rows, positions, tables, table_width, ws);
-    FN(attend_rows)(ws->qkv + (int64_t)first * qkv_width, qkv_width, rows - first, (const KV_ELEM *)layer->k_cache,
-                    (const KV_ELEM *)layer->v_cache, positions + first, 1, tables + (int64_t)first * table_width,
-                    table_width, m->block_size, hq, hkv, d, m->scale, ws->attn + first * attn_width);
+    FN(decode_rows_attention)(m, layer, first, rows, ws->qkv, qkv_width, positions, tables, table_width, ws->attn);
     for (int i = 0; i < logit_count; i++) {
         const int64_t r = logit_rows[i];
         if (r >= first) continue; /* a decode row: above */
@@ -402,15 +413,9 @@ static int FN(sampled_attention_block)(const Model *m, const Layer *layer, int r
         if (status) return status;
         for (int64_t j = 0; ROUNDS && j < attn_width; j++) ws->attn[r * attn_width + j] = ROUND(ws->attn[r * attn_width + j]);
     }
-    for (int i = 0; i < logit_count; i++) /* the sampled rows to the front (each moves down or stays) */
-        if (logit_rows[i] != i) {
-            memmove(ws->attn + i * attn_width, ws->attn + logit_rows[i] * attn_width, sizeof(float) * attn_width);
-            memmove(ws->residual + (int64_t)i * h, ws->residual + logit_rows[i] * h, sizeof(float) * h);
-        }
-    if (logit_count == 0) return 0;
-    LINEAR(m, ws, ws->attn, logit_count, hq * d, layer->o_proj, layer->o_proj_packed, layer->o_proj_quant, h,
-           NULL, ws->out);
-    FN(sum_over_ranks)(m, ws->out, (int64_t)logit_count * h);
+    rows_to_front(ws->attn, attn_width, logit_rows, logit_count); /* the sampled rows to the front */
+    rows_to_front(ws->residual, h, logit_rows, logit_count);
+    if (logit_count) FN(output_projection)(m, layer, logit_count, ws);
     return 0;
 }
 
@@ -466,9 +471,7 @@ int FN(baton_decode_step)(const Model *m, int rows, const int64_t *token_ids, co
         if (m->layer_done) m->layer_done(l);
     }
     FN(add_rows)(ws->residual, ws->out, (int64_t)live * h);
-    for (int i = 0; live == rows && i < logit_count; i++) /* the sampled rows to the front, where not yet */
-        if (logit_rows[i] != i)
-            memmove(ws->residual + (int64_t)i * h, ws->residual + logit_rows[i] * h, sizeof(float) * h);
+    if (live == rows) rows_to_front(ws->residual, h, logit_rows, logit_count); /* the sampled rows, where not yet */
     FN(norm_rows)(m, m->final_norm, logit_count, ws);
     LINEAR(m, ws, ws->normed, logit_count, h, m->lm_head, m->lm_head_packed, m->lm_head_quant, m->vocab, NULL,
            logits);
