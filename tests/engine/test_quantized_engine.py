@@ -19,6 +19,7 @@ from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import FORMATS, UnsupportedQuantization
 from baton.engine.quant.placement import (
     ENGINE_NAMES,
+    PANEL_MIN_ROWS,
     PANEL_ROW_TILE,
     dense_products,
     place_quantized,
@@ -230,8 +231,8 @@ def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(smal
                              prompt_products="int8")
     assert "int8 on AVX512-VNNI" in engine.runner.quantization and "--prompt-products int8" in caplog.text
     steps = engine.runner.native.prompts
-    assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS["avx512_vnni"] and steps.quant_min_rows == 8
-    assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE["avx512_vnni"], 8)
+    assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS["avx512_vnni"] and steps.quant_min_rows == PANEL_MIN_ROWS["avx512_vnni"]
+    assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE["avx512_vnni"], PANEL_MIN_ROWS["avx512_vnni"])
     ids = small_reference.tokenizer.encode(HELD_OUT)[:300]
     got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)
     agree = (reference.argmax(-1) == got.argmax(-1)).float().mean().item()

@@ -35,11 +35,16 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # at ~8 rows, 1.7x faster at 16, 2-3x at 32-64; AVX512-BF16 on an AMD EPYC (Zen 5,
 # bench/results/quant_products*.json) even at ~15 rows, 1.3x faster at 32, and 1.1-1.3x
 # faster than dequantizing for torch's bf16 GEMM at every row count up to 512 (one and
-# two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core: 12.4 ms at
-# 8 rows against the int16 kernels' 15.0 (even with them at ~8 in other runs), and
+# two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core:
 # 1.35-1.45x faster than AVX512-BF16's from 16 rows to 512
-# (bench/results/quant_products.zen4.int8.json). On one core of a slower Xeon with AMX the
-# whole model's products took 17.3 / 22.6 / 25.2 / 31.1 ms at 8 / 10 / 12 / 16 rows on the
+# (bench/results/quant_products.zen4.int8.json); with today's int8 passes the faster than
+# the int16 kernels from 2 rows on one thread (5.0 / 6.5 / 7.6 / 9.9 ms at 2 / 3 / 4 / 6
+# rows against 6.8 / 7.7 / 8.9 / 12.3; at 1 row 5.3 against 5.6, within noise) and from 4 on
+# two (4.6 / 5.7 against 5.0 / 6.9; even at 1-3), so they take decode steps from 2 rows:
+# 2 / 4 / 6 decodes 7.1 / 10.0 / 15.1 -> 5.9 / 8.9 / 12.7 ms a step
+# (bench/results/int8_few_rows_zen4/). A row's int8 product is the same whether its step
+# holds 2 rows or 256, so quant_quality.py's agreement (every prompt row on it) covers them.
+# On one core of a slower Xeon with AMX the whole model's products took 17.3 / 22.6 / 25.2 / 31.1 ms at 8 / 10 / 12 / 16 rows on the
 # int16 kernels against 20.6 / 21.1 / 21.2 / 21.4 on the tiles
 # (bench/results/quant_products.xeon.rows_8_to_16.json); 17.6 / 20.8 / 22.9 / 24.1 ms at 8
 # / 9 / 10 / 11 rows against 21.2-21.4 (quant_products.xeon.rows_8_to_12.json). So AMX takes
@@ -50,7 +55,7 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # Steps of decodes alone take them from these rows too, as steps with prompt chunks do: 16
 # decodes (contexts of 300) 49.3 -> 39.9 ms a step, 32 decodes 96.0 -> 64.4 ms
 # (bench/results/mixed_steps.xeon.decode_panels.json).
-PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 8}
+PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 2}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
 # them (step_budget.on_row_tiles).
