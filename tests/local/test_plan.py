@@ -117,6 +117,21 @@ def test_the_routers_reservation_wait_is_its_dispatchers_deadline():
     assert router_app().state.dispatcher.deadlines.reserve_wait_s == 10  # the default the help names
 
 
+@pytest.mark.parametrize("weight", ["-0.5", "nan", "inf", "half"])
+def test_the_routers_stall_weight_must_be_a_number_at_least_zero(weight):
+    with pytest.raises(SystemExit, match=r"stall weight \(--stall-weight, BATON_STALL_WEIGHT\) must be a number >= 0"):
+        router_app("--stall-weight", weight)
+
+
+def test_the_routers_stall_weight_reaches_its_threshold(monkeypatch):
+    from baton.router.threshold import DEFAULT_STALL_WEIGHT
+
+    assert router_app("--stall-weight", "0.5").state.estimator.stall_weight == 0.5
+    assert router_app().state.estimator.explain()["stall_weight"] == DEFAULT_STALL_WEIGHT
+    monkeypatch.setenv("BATON_STALL_WEIGHT", "1")  # the environment's, as a pod's router reads it
+    assert router_app().state.estimator.stall_weight == 1.0
+
+
 def test_workers_get_the_ray_address_and_ray_counts_their_ranks():
     from baton.local.plan import ray_cpus
 

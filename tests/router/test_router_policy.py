@@ -19,7 +19,13 @@ from baton.router.policy import (
     rank_prefill,
 )
 from baton.router.pool import Membership, WorkerPool, positive_or_none
-from baton.router.threshold import ThresholdEstimator, parse_threshold, threshold_tokens
+from baton.router.threshold import (
+    DEFAULT_STALL_WEIGHT,
+    ThresholdEstimator,
+    parse_stall_weight,
+    parse_threshold,
+    threshold_tokens,
+)
 from baton.router.worker_metrics import counter_deltas, parse_worker_counters
 
 
@@ -204,7 +210,7 @@ def test_a_local_prompt_stops_counting_as_prompt_work_at_its_first_token():
 
 
 def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():
-    est = ThresholdEstimator(fallback=512)
+    est = ThresholdEstimator(fallback=512, stall_weight=1.0)
     assert est.threshold(decoding=7) == pytest.approx(64)
     assert choose_path(256, est.threshold(decoding=7), True) == "remote"
     assert choose_path(256, est.threshold(decoding=0), True) == "local"
@@ -213,6 +219,42 @@ def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():
     assert est.threshold(decoding=1, local_queued_tokens=300) == pytest.approx((512 - 300) / 2)
     assert est.threshold(decoding=1, local_queued_tokens=900) == 0.0
     assert ThresholdEstimator(fixed=300).threshold(decoding=50) == 300  # a fixed threshold is fixed
+
+
+def test_the_stall_weight_scales_what_a_prompt_costs_others():
+    # a P/D round's decision on a Zen 4 (bench/serving.py): five streams decoding, two prompts
+    # queued at the prefill worker, ~1.7 prompts a remote one would hold up
+    measured = dict(o_fixed_s=0.0136, prefill_s_per_token=0.001147, kv_bytes_per_token=23040,
+                    link_bytes_per_s=1.0e9)
+    load = dict(decoding=5, queued_tokens=512, held_prompts=1.7, local_s_per_token=0.00103)
+    everyone_alike = threshold_tokens(**measured, **load, stall_weight=1.0)
+    assert everyone_alike == pytest.approx(0.6009 / (0.00103 * 6 - 23040 / 1e9 - 1.7 * 0.001147), rel=1e-3)
+    assert choose_path(256, everyone_alike, True) == "remote"  # ~143 tokens
+    own_first = threshold_tokens(**measured, **load, stall_weight=0.2)
+    assert choose_path(256, own_first, True) == "local"  # ~365: the remote queue's 0.6 s counts more
+    # w = 0: only the prompt's own waits and costs; more weight, a lower threshold
+    alone = threshold_tokens(**measured, queued_tokens=512, local_s_per_token=0.00103)
+    assert threshold_tokens(**measured, **load, stall_weight=0.0) == pytest.approx(alone)
+    assert alone > own_first > threshold_tokens(**measured, **load, stall_weight=0.5) > everyone_alike
+    assert threshold_tokens(**measured, **load) == everyone_alike  # the formula's own default: 1
+    # the estimator carries its weight into the formula and into the fallback before measurements
+    est = ThresholdEstimator(fallback=512, stall_weight=0.5)
+    assert est.threshold(decoding=6) == pytest.approx(512 / 4)
+    est.o_fixed_s.observe(0.0136), est.observe_prefill_rate(0.001147), est.observe_transfer(23040, 23040 / 1e9, tokens=1)
+    assert est.threshold(**load) == pytest.approx(threshold_tokens(**measured, **load, stall_weight=0.5))
+    assert ThresholdEstimator().stall_weight == DEFAULT_STALL_WEIGHT and est.explain()["stall_weight"] == 0.5
+
+
+@pytest.mark.parametrize("given, weight", [(None, DEFAULT_STALL_WEIGHT), ("", DEFAULT_STALL_WEIGHT), (" ", DEFAULT_STALL_WEIGHT),
+                                           ("0", 0.0), ("1", 1.0), (0.3, 0.3)])
+def test_a_stall_weight_is_read_as_a_number(given, weight):
+    assert parse_stall_weight(given) == weight
+
+
+@pytest.mark.parametrize("given", ["-1", "nan", "inf", "much", -0.1])
+def test_a_stall_weight_below_zero_or_not_a_number_is_refused_by_name(given):
+    with pytest.raises(ValueError, match=r"--stall-weight, BATON_STALL_WEIGHT\) must be a number >= 0"):
+        parse_stall_weight(given)
 
 
 def test_the_prefill_workers_own_rate_feeds_the_threshold():

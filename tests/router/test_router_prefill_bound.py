@@ -156,12 +156,14 @@ def test_the_pool_counts_reservations_whose_prompts_prefill_elsewhere():
 async def test_a_prompt_goes_home_while_the_decode_workers_requests_wait_on_the_prefill_worker(
         fake_workers, model_info):
     """Three long prompts wait on a slow prefill worker, reserved on a decode worker that runs
-    nothing yet: a 300-token prompt prefills where it decodes instead of queuing behind them
-    (counting the three as streams it would stall, and none it would hold up, sent it away)."""
+    nothing yet: a 300-token prompt prefills where it decodes rather than hold the three up
+    (counting the three as streams it would stall, and none it would hold up, sent it away).
+    With every second alike (stall weight 1); at the default weight its own first token
+    counts for more than the time the three would lose, and it goes ahead of them there."""
     decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
     prefill.prefill_seconds_per_token = 0.002
     decode.prefill_seconds_per_token = 0.004  # its chunks beside decodes: dearer than the prefill worker's
-    async with running_router(model_info, [decode.url, prefill.url]) as url:
+    async with running_router(model_info, [decode.url, prefill.url], stall_weight=1.0) as url:
         api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=20)
         # past the fallback threshold (512): remote, and the estimator learns the link and overhead
         await api.completions.create(model="smollm2", prompt=[7] * 600, max_tokens=2)

@@ -22,7 +22,7 @@ from baton.router.placements import placement_summary
 from baton.router.policy import DECODE_ROLES
 from baton.router.pool import WorkerPool
 from baton.router.protocol import ApiError
-from baton.router.threshold import ThresholdEstimator
+from baton.router.threshold import DEFAULT_STALL_WEIGHT, ThresholdEstimator
 from baton.router.tokenizing import ModelInfo
 from baton.router.worker_client import WorkerClient
 
@@ -33,6 +33,7 @@ class RouterConfig:
     api_key: str | None = None
     internal_token: str | None = None
     disagg_threshold: float | None = None  # None = auto
+    stall_weight: float = DEFAULT_STALL_WEIGHT  # what others' lost time counts for (threshold.py)
     max_running: int = 256
     max_waiting: int = 1024
     poll_interval_s: float = 0.5
@@ -50,7 +51,7 @@ def _error(err: ApiError, headers: dict | None = None) -> JSONResponse:
 def create_app(model: ModelInfo, discovery: Discovery, config: RouterConfig | None = None) -> FastAPI:
     config = config or RouterConfig()
     metrics = RouterMetrics()
-    estimator = ThresholdEstimator(fixed=config.disagg_threshold)
+    estimator = ThresholdEstimator(fixed=config.disagg_threshold, stall_weight=config.stall_weight)
     client = WorkerClient(config.internal_token, token_timeout_s=config.token_timeout_s)
     pool = WorkerPool(client, estimator, poll_interval_s=config.poll_interval_s)
     dispatcher = Dispatcher(pool, client, estimator, config.block_size, metrics, config.deadlines,

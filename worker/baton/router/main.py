@@ -7,7 +7,7 @@ import logging
 import os
 
 from baton.router.auth import is_loopback
-from baton.router.threshold import parse_threshold
+from baton.router.threshold import DEFAULT_STALL_WEIGHT, parse_stall_weight, parse_threshold
 from baton.server.heap import freeze_startup_heap
 
 log = logging.getLogger("baton.router")
@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disagg-threshold", default=env("BATON_DISAGG_THRESHOLD", "auto"),
                         help="uncached prompt tokens from which prefill goes to a prefill worker, "
                              "or 'auto' to derive it from measured overhead, speed and bandwidth")
+    parser.add_argument("--stall-weight", default=env("BATON_STALL_WEIGHT", ""),
+                        help="with the threshold 'auto': what the time a prompt costs others (streams a "
+                             "local prefill slows, prompts a remote one holds up) counts for against its "
+                             f"own time to first token, >= 0 (default {DEFAULT_STALL_WEIGHT}; 1: all time alike)")
     parser.add_argument("--max-running", type=int, default=256, help="requests in flight at once")
     parser.add_argument("--max-waiting", type=int, default=1024, help="queued beyond that, then 429")
     parser.add_argument("--max-body-bytes", type=int, default=int(env("BATON_MAX_BODY_BYTES", str(4 << 20))),
@@ -82,12 +86,16 @@ def build_app(args: argparse.Namespace):
         raise SystemExit(f"--decode-routing (BATON_DECODE_ROUTING) must be 'prefix' or 'load', got {args.decode_routing!r}")
     if args.reserve_wait is not None and not args.reserve_wait > 0:
         raise SystemExit(f"--reserve-wait must be a positive number of seconds, got {args.reserve_wait}")
+    try:
+        stall_weight = parse_stall_weight(args.stall_weight)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     deadlines = Deadlines() if args.reserve_wait is None else Deadlines(reserve_wait_s=args.reserve_wait)
     model = load_model_info(model_path(args.model), args.served_model_name, args.max_model_len)
     config = RouterConfig(
         block_size=args.block_size, api_key=args.api_key or None,
         internal_token=os.environ.get("BATON_INTERNAL_TOKEN"),
-        disagg_threshold=parse_threshold(args.disagg_threshold),
+        disagg_threshold=parse_threshold(args.disagg_threshold), stall_weight=stall_weight,
         max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval,
         max_body_bytes=args.max_body_bytes, reserve_headroom_tokens=args.reserve_headroom_tokens,
         deadlines=deadlines, prefix_affinity=args.decode_routing == "prefix")

@@ -38,6 +38,18 @@ a prefill-bound pool keeps prompts home while the decode worker stalls fewer str
 the prefill queue would hold up. n counts the streams that would decode during the local
 prefill: a reservation whose prompt is still queued on the prefill worker is not one of
 them unless it arrives within the local prefill's time (policy.decodes_stalled_by_local).
+
+How much the others' time counts. The terms that charge a prompt for time it costs others
+(the n streams a local prefill slows, the m prompts a remote one holds up) are scaled by a
+stall weight w (the router's --stall-weight): with w = 1 the choice minimizes everyone's
+delay summed; below 1 a prompt's own wait for its first token counts for more than the same
+time spread over other streams. The decode worker keeps its streams within their TPOT
+objective whatever it is sent (its per-step prompt budget), so a local prefill makes their
+tokens come slower inside the objective rather than stopping them. On a Zen 4's two cores
+(bench/serving.py, P/D, 8 streams of 256-token prompts and 64 tokens; two rounds each), w =
+1 / 0.5 / 0.2 / 0 gave TTFT p50 749-768 / 643-689 / 528-530 / 477-523 ms, ITL p99 38-49 /
+41-42 / 41-45 / 44-46 ms and 225-258 / 243-254 / 246-250 / 229 output tokens/s: 0.2 is the
+default (at 0 the prefill worker idles while the decode worker's chunks fall behind).
 """
 
 from __future__ import annotations
@@ -46,21 +58,24 @@ import math
 from dataclasses import dataclass
 
 DEFAULT_FALLBACK_TOKENS = 512.0
+DEFAULT_STALL_WEIGHT = 0.2
 
 
 def threshold_tokens(o_fixed_s: float, prefill_s_per_token: float, kv_bytes_per_token: float,
                      link_bytes_per_s: float, decoding: float = 0.0, queued_tokens: float = 0.0,
                      local_s_per_token: float | None = None, held_prompts: float = 0.0,
-                     local_queued_tokens: float = 0.0) -> float:
+                     local_queued_tokens: float = 0.0, stall_weight: float = 1.0) -> float:
     """L_thresh in tokens. `local_s_per_token`: the decode worker's own cost of a prompt
     token, where measured (else the prefill worker's); `held_prompts`: those a remote prompt
     holds up on the prefill worker; `local_queued_tokens`: prompt tokens the decode worker
-    prefills first. Infinity where a token costs more sent than computed here (counting the
-    decodes it stalls and the prompts it holds up) and the remote wait is the longer; zero
-    where the local wait is longer and nothing favours computing here."""
+    prefills first; `stall_weight`: what the others' lost time (the decodes stalled, the
+    prompts held up) counts for against the prompt's own. Infinity where a token costs more
+    sent than computed here (counting the decodes it stalls and the prompts it holds up) and
+    the remote wait is the longer; zero where the local wait is longer and nothing favours
+    computing here."""
     local = local_s_per_token if local_s_per_token and local_s_per_token > 0 else prefill_s_per_token
-    per_token_gain = (local * (1.0 + max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
-                      - max(held_prompts, 0.0) * prefill_s_per_token)
+    per_token_gain = (local * (1.0 + stall_weight * max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
+                      - stall_weight * max(held_prompts, 0.0) * prefill_s_per_token)
     wait_saved = (max(0.0, o_fixed_s) + max(queued_tokens, 0.0) * prefill_s_per_token
                   - max(local_queued_tokens, 0.0) * local)
     if per_token_gain <= 0:
@@ -78,6 +93,20 @@ def parse_threshold(value: str | int | float | None) -> float | None:
     return number
 
 
+def parse_stall_weight(value: str | float | None) -> float:
+    """The router's --stall-weight: a number >= 0 (None or empty: the default)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return DEFAULT_STALL_WEIGHT
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (number >= 0 and math.isfinite(number)):
+        raise ValueError(f"the stall weight (--stall-weight, BATON_STALL_WEIGHT) must be a number >= 0, "
+                         f"got {value!r}")
+    return number
+
+
 @dataclass
 class Smoothed:
     value: float | None = None
@@ -91,9 +120,10 @@ class Smoothed:
 
 class ThresholdEstimator:
     def __init__(self, fixed: float | None = None, fallback: float = DEFAULT_FALLBACK_TOKENS,
-                 kv_bytes_per_token: float | None = None):
+                 kv_bytes_per_token: float | None = None, stall_weight: float = DEFAULT_STALL_WEIGHT):
         self.fixed = fixed
         self.fallback = fallback
+        self.stall_weight = stall_weight
         self.o_fixed_s = Smoothed()
         self.prefill_s_per_token = Smoothed()
         self.link_bytes_per_s = Smoothed()
@@ -146,15 +176,15 @@ class ThresholdEstimator:
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
         if any(v is None for v in inputs):
             wait_saved = self.fallback + max(queued_tokens, 0.0) - max(local_queued_tokens, 0.0)
-            return max(wait_saved, 0.0) / (1.0 + max(decoding, 0.0))
+            return max(wait_saved, 0.0) / (1.0 + self.stall_weight * max(decoding, 0.0))
         return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
                                 local_s_per_token=local_s_per_token, held_prompts=held_prompts,
-                                local_queued_tokens=local_queued_tokens)
+                                local_queued_tokens=local_queued_tokens, stall_weight=self.stall_weight)
 
     def explain(self, with_threshold: bool = True) -> dict:
         """The estimates behind the threshold (None: not measured yet) and, `with_threshold`,
         the unloaded threshold itself (None where infinite: JSON has no infinity)."""
-        out = {"mode": "fixed" if self.fixed is not None else "auto"}
+        out = {"mode": "fixed" if self.fixed is not None else "auto", "stall_weight": self.stall_weight}
         if with_threshold:
             unloaded = self.threshold()
             out["threshold_tokens"] = unloaded if math.isfinite(unloaded) else None
