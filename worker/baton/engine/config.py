@@ -17,11 +17,13 @@ QUANTIZATIONS = ("auto", "none")  # auto: a checkpoint's quantized blocks as the
 # tiles where the CPU has them, else int8 on AVX512-VNNI, else AVX512-BF16), or one asked for
 PROMPT_PRODUCTS = ("auto", "int8", "bf16")
 RANK_PLACEMENTS = ("pack", "spread")  # where a worker's other tensor-parallel ranks run (Ray)
-# Prompt tokens per step are capped so running decodes keep this time per output token. 35 ms:
-# with vLLM's serving client on a Xeon with AMX, 50 ms let the chunk steps set ITL p99 at
-# ~50 ms (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.93x at the same throughput
-# (docs/benchmarks.md, Serving against vLLM-CPU)
-DEFAULT_TPOT_OBJECTIVE_S = 0.035
+# Prompt tokens per step are capped so running decodes keep this time per output token. With
+# vLLM's serving client on a Xeon with AMX, 50 ms let the chunk steps set ITL p99 at ~50 ms
+# (1.2x vLLM-CPU's); at 35 ms it was 0.80-0.93x at the same throughput (docs/benchmarks.md,
+# Serving against vLLM-CPU). On a Zen 4, with the floor of 8 prompt tokens a step
+# (step_budget.py), a P/D pair's ITL p99 was 36.8-43.1 ms at 30 against 40.9-44.2 at 35 (four
+# rounds each, TTFT p50 441-588 and 509-587 ms), where vLLM's ran 36.5-45 ms: 30 ms.
+DEFAULT_TPOT_OBJECTIVE_S = 0.030
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-MIN_PROMPT_TOKENS_PER_STEP = 16  # a prompt always advances
+# A prompt always advances by this much, past the objective if need be. At 16, the floor set a
+# P/D decode worker's chunk steps (beside six decodes ~33 ms whatever the objective): with 8,
+# a 30 ms objective gave ITL p99 36.8-43.1 ms against 41.9-44.1 at 16 (Zen 4, bench/serving.py,
+# 4 and 2 rounds), TTFT and throughput alike.
+MIN_PROMPT_TOKENS_PER_STEP = 8
+FINISHING_SLACK_TOKENS = 16  # a prompt's last tokens past what fits that may end it now, without row tiles
 UNREACHABLE_SHARE = 0.5  # of a decode step that prompt tokens may add once decodes alone exceed T
 # The longest step that saved time may pay for, in objectives. 1: no step runs past T, so
 # every gap between a stream's tokens stays within it (a prompt's chunks are smaller and its
@@ -366,13 +371,13 @@ def prompt_batch_tokens(costs: StepCosts, ceiling: int) -> int:
 
 def _finishes(rest: int, fits_now: float, tiles: RowTiles | None, fits_longest: float) -> bool:
     """Whether a prompt's `rest` tokens run in this step though only `fits_now` fit its
-    allowance: where they pass it by at most a row tile (MIN_PROMPT_TOKENS_PER_STEP without
+    allowance: where they pass it by at most a row tile (FINISHING_SLACK_TOKENS without
     tiles) and the line alone, without the margin, puts them within the longest allowed
     step (`fits_longest` tokens). Its last few tokens otherwise took a step of their own,
     nearly all fixed cost: 12 tokens in 38 ms beside three decodes where those decodes alone
     take ~20 ms (two colocated workers of a Xeon with AMX, bench/serving.py). Ending it now
     gives the prompt its first token a step sooner and spares its neighbours that step."""
-    tile = tiles.size if tiles is not None and tiles.size > 1 else MIN_PROMPT_TOKENS_PER_STEP
+    tile = tiles.size if tiles is not None and tiles.size > 1 else FINISHING_SLACK_TOKENS
     return fits_now < rest <= max(fits_now, 0.0) + tile and rest <= fits_longest
 
 
