@@ -12,7 +12,7 @@ import pytest
 from router_harness import running_router
 
 from baton.router.placements import Placement, PlacementLog, placement_summary
-from baton.router.threshold import ThresholdEstimator
+from baton.router.threshold import DEFAULT_STALL_WEIGHT, ThresholdEstimator
 
 
 def placement(path: str, threshold: float, tokens: int = 256, at: float = 0.0) -> Placement:
@@ -87,7 +87,10 @@ async def test_the_router_serves_each_prompts_path_and_the_threshold_it_met(fake
     assert short["uncached_tokens"] <= 100 < short["threshold_tokens"] and long["threshold_tokens"] <= 600
     # the load terms the threshold was worked out from, and the estimates of the moment
     assert set(short["terms"]) == {"decoding", "queued_tokens", "held_prompts", "local_s_per_token",
-                                   "local_queued_tokens"}
+                                   "local_queued_tokens", "stall_weight"}
+    # the prefill worker names no chunk: both prompts at the router's weight
+    assert short["terms"]["stall_weight"] == long["terms"]["stall_weight"] == DEFAULT_STALL_WEIGHT
+    assert short["estimates"]["stall_weight"] == DEFAULT_STALL_WEIGHT
     assert short["estimates"]["mode"] == "auto" and "o_fixed_s" in short["estimates"]
     assert last["placements"] == [long] and last["total"] == 2
     for response in bad:

@@ -24,6 +24,7 @@ from baton.router.threshold import (
     ThresholdEstimator,
     parse_stall_weight,
     parse_threshold,
+    stall_weight_for,
     threshold_tokens,
 )
 from baton.router.worker_metrics import counter_deltas, parse_worker_counters
@@ -243,6 +244,18 @@ def test_the_stall_weight_scales_what_a_prompt_costs_others():
     est.o_fixed_s.observe(0.0136), est.observe_prefill_rate(0.001147), est.observe_transfer(23040, 23040 / 1e9, tokens=1)
     assert est.threshold(**load) == pytest.approx(threshold_tokens(**measured, **load, stall_weight=0.5))
     assert ThresholdEstimator().stall_weight == DEFAULT_STALL_WEIGHT and est.explain()["stall_weight"] == 0.5
+
+
+def test_a_prompt_longer_than_the_prefill_chunk_is_placed_at_weight_one():
+    assert stall_weight_for(0.2, 512, 512) == 0.2 and stall_weight_for(0.2, 513, 512) == 1.0
+    assert stall_weight_for(0.2, 2000, 0) == 0.2  # no chunk known: the router's weight
+    # a 2,000-token prompt behind two more at the prefill worker, five streams decoding: at
+    # 0.2 it would prefill beside them (threshold ~2,260), at 1 it goes away (~750)
+    est = ThresholdEstimator(stall_weight=0.2)
+    est.o_fixed_s.observe(0.0136), est.observe_prefill_rate(0.001147), est.observe_transfer(23040, 23040 / 1e9, tokens=1)
+    load = dict(decoding=5, queued_tokens=4000, local_s_per_token=0.00103)
+    assert choose_path(2000, est.threshold(**load), True) == "local"
+    assert choose_path(2000, est.threshold(**load, stall_weight=stall_weight_for(0.2, 2000, 512)), True) == "remote"
 
 
 @pytest.mark.parametrize("given, weight", [(None, DEFAULT_STALL_WEIGHT), ("", DEFAULT_STALL_WEIGHT), (" ", DEFAULT_STALL_WEIGHT),

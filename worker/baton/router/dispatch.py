@@ -32,7 +32,7 @@ from baton.router.policy import (
     rank_prefill,
 )
 from baton.router.pool import WorkerPool
-from baton.router.threshold import ThresholdEstimator
+from baton.router.threshold import ThresholdEstimator, stall_weight_for
 from baton.router.worker_client import (
     WorkerClient,
     WorkerRefused,
@@ -158,7 +158,8 @@ class Dispatcher:
         return {"decoding": self._stalled_by_local(decode, queue, uncached, chunk), "queued_tokens": queued,
                 "held_prompts": self._held_up(uncached, queued, len(prefill), chunk),
                 "local_s_per_token": decode.prefill_s_per_token,
-                "local_queued_tokens": sum(decode.inflight_prompts)}
+                "local_queued_tokens": sum(decode.inflight_prompts),
+                "stall_weight": stall_weight_for(self.estimator.stall_weight, uncached, chunk)}
 
     def _record_placement(self, rid: str, prompt_tokens: int, uncached: int, path: str, threshold: float,
                           decode_url: str, prefill_url: str | None, terms: dict, fallback: bool = False) -> None:

@@ -49,7 +49,8 @@ tokens come slower inside the objective rather than stopping them. On a Zen 4's 
 (bench/serving.py, P/D, 8 streams of 256-token prompts and 64 tokens; two rounds each), w =
 1 / 0.5 / 0.2 / 0 gave TTFT p50 749-768 / 643-689 / 528-530 / 477-523 ms, ITL p99 38-49 /
 41-42 / 41-45 / 44-46 ms and 225-258 / 243-254 / 246-250 / 229 output tokens/s: 0.2 is the
-default (at 0 the prefill worker idles while the decode worker's chunks fall behind).
+default (at 0 the prefill worker idles while the decode worker's chunks fall behind). A
+prompt longer than the prefill worker's chunk is placed at weight 1 (`stall_weight_for`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,15 @@ def parse_threshold(value: str | int | float | None) -> float | None:
     if number < 0 or math.isnan(number):
         raise ValueError(f"the disaggregation threshold must be >= 0 tokens or 'auto', got {value!r}")
     return number
+
+
+def stall_weight_for(weight: float, tokens: int, chunk_size: int) -> float:
+    """The stall weight a prompt of `tokens` uncached tokens is placed with: `weight`, or 1
+    for a prompt longer than the prefill worker's chunk. Kept home, such a prompt runs in many
+    chunks beside the streams, each dearer than t_local prices as its context grows; at 0.2 the
+    interference experiment's 2,000-token prompts stayed home often enough to take its short
+    streams' ITL p99 from 34 to 50 ms (bench/interference.py, a Zen 4, setup C)."""
+    return 1.0 if chunk_size and tokens > chunk_size else weight
 
 
 def parse_stall_weight(value: str | float | None) -> float:
@@ -161,12 +171,13 @@ class ThresholdEstimator:
 
     def threshold(self, decoding: float = 0.0, queued_tokens: float = 0.0,
                   local_s_per_token: float | None = None, held_prompts: float = 0.0,
-                  local_queued_tokens: float = 0.0) -> float:
+                  local_queued_tokens: float = 0.0, stall_weight: float | None = None) -> float:
         """For a prompt headed to a decode worker with `decoding` requests on it and its own
         measured cost of a prompt token `local_s_per_token` (None: not measured), while the
         best prefill worker has `queued_tokens` prompt tokens to prefill first and
         `held_prompts` prompts a remote one would hold up, and the decode worker
-        `local_queued_tokens` (see `threshold_tokens`). A fixed
+        `local_queued_tokens` (see `threshold_tokens`); `stall_weight`: this prompt's, where
+        not the router's own (`stall_weight_for`). A fixed
         threshold ignores load; the fallback (inputs not yet measured) stands for
         O_fixed / t_tok and moves with load as the formula does, a token costing the same on
         either side and nothing to transfer."""
@@ -174,12 +185,13 @@ class ThresholdEstimator:
             return self.fixed
         inputs = (self.o_fixed_s.value, self.prefill_s_per_token.value,
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
+        weight = self.stall_weight if stall_weight is None else stall_weight
         if any(v is None for v in inputs):
             wait_saved = self.fallback + max(queued_tokens, 0.0) - max(local_queued_tokens, 0.0)
-            return max(wait_saved, 0.0) / (1.0 + self.stall_weight * max(decoding, 0.0))
+            return max(wait_saved, 0.0) / (1.0 + weight * max(decoding, 0.0))
         return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
                                 local_s_per_token=local_s_per_token, held_prompts=held_prompts,
-                                local_queued_tokens=local_queued_tokens, stall_weight=self.stall_weight)
+                                local_queued_tokens=local_queued_tokens, stall_weight=weight)
 
     def explain(self, with_threshold: bool = True) -> dict:
         """The estimates behind the threshold (None: not measured yet) and, `with_threshold`,
