@@ -37,15 +37,16 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # faster than dequantizing for torch's bf16 GEMM at every row count up to 512 (one and
 # two threads). AVX512-VNNI's int8 products (native/quant_int8.h) on a Zen 4 core:
 # 1.35-1.45x faster than AVX512-BF16's from 16 rows to 512
-# (bench/results/quant_products.zen4.int8.json); with today's int8 passes the faster than
+# (bench/results/quant_products.zen4.int8.json). As the int8 passes are now, they also beat
 # the int16 kernels from 2 rows on one thread (5.0 / 6.5 / 7.6 / 9.9 ms at 2 / 3 / 4 / 6
 # rows against 6.8 / 7.7 / 8.9 / 12.3; at 1 row 5.3 against 5.6, within noise) and from 4 on
 # two (4.6 / 5.7 against 5.0 / 6.9; even at 1-3), so they take decode steps from 2 rows:
 # 2 / 4 / 6 decodes 7.1 / 10.0 / 15.1 -> 5.9 / 8.9 / 12.7 ms a step
-# (bench/results/int8_few_rows_zen4/). A row's int8 product is the same whether its step
+# (bench/results/int8_few_rows_zen4/). A row's inputs round to int8 the same way whether its step
 # holds 2 rows or 256, so quant_quality.py's agreement (every prompt row on it) covers them.
-# On one core of a slower Xeon with AMX the whole model's products took 17.3 / 22.6 / 25.2 / 31.1 ms at 8 / 10 / 12 / 16 rows on the
-# int16 kernels against 20.6 / 21.1 / 21.2 / 21.4 on the tiles
+# On one core of a slower Xeon with AMX the whole model's products took 17.3 / 22.6 / 25.2 /
+# 31.1 ms at 8 / 10 / 12 / 16 rows on the int16 kernels against 20.6 / 21.1 / 21.2 / 21.4 on
+# the tiles
 # (bench/results/quant_products.xeon.rows_8_to_16.json); 17.6 / 20.8 / 22.9 / 24.1 ms at 8
 # / 9 / 10 / 11 rows against 21.2-21.4 (quant_products.xeon.rows_8_to_12.json). So AMX takes
 # them from 10 rows (from 16, then 12, before): in alternating runs 10 decodes 33.9-34.3 ->
