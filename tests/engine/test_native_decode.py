@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +53,14 @@ def test_library_name_follows_everything_it_is_built_from():
               build.library_name(b"src", ["-O3"], "2.14.0", "cpu a"),
               build.library_name(b"src", ["-O3"], "2.13.0", "cpu b")}
     assert base not in others and len(others) == 4
+
+
+def test_every_header_the_source_includes_is_part_of_the_librarys_name():
+    # a header left out of the key keeps serving the library built before it changed
+    included = set()
+    for path in (build.SOURCE, *build.HEADERS):
+        included |= set(re.findall(r'#include "([^"]+)"', path.read_text()))
+    assert included and included <= {path.name for path in build.HEADERS}
 
 
 def test_cpu_engines_take_the_native_path(engine_fp32):

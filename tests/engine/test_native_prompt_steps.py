@@ -158,8 +158,14 @@ def test_mixed_step_in_other_precisions_stays_near_the_torch_path(settings, logi
         # on average, at most 0.34; K/V 1.0e-2 and 0.20)
         logits_mean, kv_mean = max(logits_mean, 0.1), max(kv_mean, 2.5e-2)
     native_logits, torch_logits, native_kv, torch_kv = _both_paths(engine)
-    agree = native_logits.argmax(-1).eq(torch_logits.argmax(-1)).sum()
-    assert agree >= (4 if engine.dtype == torch.float32 else 3)
+    native_top, torch_top = native_logits.argmax(-1), torch_logits.argmax(-1)
+    assert native_top.eq(torch_top).sum() >= 3
+    # where the two part, it is over a near tie: the native step's token is within the
+    # allowed mean distance of the torch path's best in the torch path's own logits (seen on
+    # a Zen 4: 0.076 apart, the paths' logits 0.060 apart on average)
+    rows = torch.arange(len(torch_top))
+    gaps = torch_logits[rows, torch_top] - torch_logits[rows, native_top]
+    assert gaps.max() <= logits_mean, gaps
     apart = (native_logits - torch_logits).abs()
     assert apart.mean() < logits_mean and apart.max() < 40 * logits_mean, (apart.mean(), apart.max())
     kv_apart = (native_kv - torch_kv).abs()

@@ -22,9 +22,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("decode_step.c")
-HEADERS = tuple(Path(__file__).with_name(name) for name in (
-    "decode_step_body.h", "dot_bf16.h", "quant_kernels.h", "quant_product.h", "quant_dequantize.h", "quant_bf16.h",
-    "quant_amx.h", "quant_int8.h", "prompt_attention.h", "prompt_attention_tiles.h"))
+# every header beside the source is part of what the library is built from (and named by)
+HEADERS = tuple(sorted(SOURCE.parent.glob("*.h")))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
 # (activations' dtype, KV cache's dtype) -> the step compiled for the pair

@@ -1,23 +1,22 @@
 /* Causal attention of a prompt chunk over its context, for the torch path's prompt steps
- * (native/prompt_attention.py).
+ * (native/prompt_attention.py) and the native step's prompt chunks.
  *
  * torch's CPU flash attention multiplies its blocks with MKL's sgemm (bf16 inputs are
  * widened first), and on CPUs where MKL takes its generic code path (AMD EPYC) a 2,000-token
  * prompt of SmolLM2 spent 2.7 s of 4.3 s there on one core. Here each task takes one KV head
  * and up to 64 query rows (chunk rows x the query heads that share it), and walks the keys
  * in blocks of 32 with an online softmax; the context is laid out once for all tasks
- * (PromptAttention). Scores are 8 rows x 32 keys at a time, the values' sums 8 rows x 16
- * values, either as float32 FMAs (bf16 keys and values widened exactly) or, with
- * `bf16_products`, as VDPBF16PS on bf16 pairs (the query, keys, values and probabilities
- * rounded to bf16, as torch's bf16 attention rounds them); sums in float32 either way. A
- * row sees the keys up to its own position; rows are independent of each other.
- * Where the CPU has AMX tiles (and the OS grants them), bf16 products run on the tiles
- * instead, 16 rows at a time and the softmax across them (prompt_attention_tiles.h): the
- * same roundings, each row's sums in the tiles' order.
+ * (PromptAttention). A row sees the keys up to its own position; rows are independent of
+ * each other. Two engines, each with the softmax across 16 query rows at once:
+ *   - AVX-512 (prompt_attention_lanes.h): float32 FMAs (bf16 keys and values widened
+ *     exactly) or, with `bf16_products`, VDPBF16PS on bf16 pairs (the query, keys, values
+ *     and probabilities rounded to bf16, as torch's bf16 attention rounds them);
+ *   - AMX tiles (prompt_attention_tiles.h), for bf16 products where the CPU has them and the
+ *     OS grants them: the same roundings, each row's sums in the tiles' order.
+ * Sums in float32 either way.
  * Included by decode_step.c (after exp_in_place and quant_product.h's AMX helpers).
  */
 #define PROMPT_TASK_ROWS 64 /* query rows a task holds: (chunk rows) x (query heads of one KV head) */
-#define PROMPT_GROUP 8       /* rows multiplied together */
 #define PROMPT_MAX_DIM 128
 /* `bf16_products`: which products (baton_prompt_attention's argument) */
 #define PROMPT_FLOAT32 0
@@ -59,37 +58,6 @@ static inline __m512 prompt_exp(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
-/* One row's online softmax over a key block: its scores s0 (keys 0-15) and s1 (16-31), of
- * which it sees the first `valid` (>= 1), into probabilities e0, e1 (zero past valid); its
- * running maximum and sum updated, and its value sums acc (chunks x 16) shrunk where the
- * maximum rose. */
-static inline void prompt_softmax_row(__m512 s0, __m512 s1, int valid, float *best, float *total, float *acc,
-                                      int chunks, __m512 *e0, __m512 *e1) {
-    const __mmask16 m0 = (__mmask16)(valid >= 16 ? 0xFFFF : (1u << valid) - 1);
-    const __mmask16 m1 = (__mmask16)(valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (1u << (valid - 16)) - 1);
-    const float high = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m0, s0),
-                                                          _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m1, s1)));
-    const float top = high > *best ? high : *best;
-    const __m512 shift = _mm512_set1_ps(top);
-    *e0 = _mm512_maskz_mov_ps(m0, prompt_exp(_mm512_sub_ps(s0, shift)));
-    *e1 = _mm512_maskz_mov_ps(m1, prompt_exp(_mm512_sub_ps(s1, shift)));
-    const float sum = _mm512_reduce_add_ps(_mm512_add_ps(*e0, *e1));
-    if (top != *best) { /* a new maximum: what was summed so far shrinks */
-        const float keep = *best == -INFINITY ? 0.0f : expf(*best - top);
-        *total *= keep;
-        const __m512 factor = _mm512_set1_ps(keep);
-        for (int c = 0; c < chunks; c++) _mm512_store_ps(acc + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + 16 * c), factor));
-        *best = top;
-    }
-    *total += sum;
-}
-
-/* The keys a row of chunk row `r` sees in the block from key kb (nk keys there). */
-static inline int prompt_keys_seen(int64_t first, int r, int64_t kb, int nk) {
-    const int64_t seen = first + r - kb + 1;
-    return seen <= 0 ? 0 : seen < nk ? (int)seen : nk;
-}
-
 typedef struct {
     const float *q;
     int64_t q_stride; /* floats from one query row to the next (num_heads * dim when packed) */
@@ -114,21 +82,21 @@ static inline int64_t prompt_block_at(const PromptAttention *a, int kvh, int64_t
     return ((int64_t)kvh * a->blocks + block) * ATTENTION_TOKENS * a->dim;
 }
 
-/* The keys and values of block `block` of KV head kvh widened to float32, as rows: keys[j],
- * values + j * stride; zero past ctx. */
-static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, float keys[][PROMPT_MAX_DIM],
-                              float *values, int stride) {
+/* The keys and values of block `block` of KV head kvh widened to float32, as rows `stride`
+ * floats apart: keys + j * stride, values + j * stride; zero past ctx. */
+static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, float *keys, float *values,
+                              int stride) {
     const int dim = a->dim;
     for (int j = 0; j < ATTENTION_TOKENS; j++) {
         const int64_t key = block * ATTENTION_TOKENS + j;
-        float *value = values + (int64_t)j * stride;
+        float *key_row = keys + (int64_t)j * stride, *value = values + (int64_t)j * stride;
         if (key < a->ctx) {
             const int64_t row = a->table ? cache_slot(a->table, a->block_size, key) : key;
             const int64_t at = (row * a->num_kv_heads + kvh) * dim;
-            prompt_row(a->k, a->kv_bf16, at, dim, keys[j]);
+            prompt_row(a->k, a->kv_bf16, at, dim, key_row);
             prompt_row(a->v, a->kv_bf16, at, dim, value);
         } else {
-            memset(keys[j], 0, sizeof(float) * dim);
+            memset(key_row, 0, sizeof(float) * dim);
             memset(value, 0, sizeof(float) * dim);
         }
     }
@@ -141,147 +109,36 @@ static void prompt_block_to_pack(const PromptAttention *a, int kvh, int64_t bloc
                                  float vr[][PROMPT_MAX_DIM], uint16_t **kp, uint16_t **vp) {
     *kp = (uint16_t *)a->keys + prompt_block_at(a, kvh, block);
     *vp = (uint16_t *)a->values + prompt_block_at(a, kvh, block);
-    prompt_load_block(a, kvh, block, kr, vr[0], PROMPT_MAX_DIM);
-}
-
-/* Block `block` of KV head kvh into a->keys and a->values as bf16 pairs (see PromptAttention). */
-static void prompt_pack_block(const PromptAttention *a, int kvh, int64_t block) {
-    float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    float vr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    uint16_t *kp, *vp;
-    const int dim = a->dim;
-    prompt_block_to_pack(a, kvh, block, kr, vr, &kp, &vp);
-    for (int i = 0; i < dim / 2; i++)
-        for (int j = 0; j < ATTENTION_TOKENS; j++) {
-            kp[(i * ATTENTION_TOKENS + j) * 2] = f32_to_bf16(kr[j][2 * i]);
-            kp[(i * ATTENTION_TOKENS + j) * 2 + 1] = f32_to_bf16(kr[j][2 * i + 1]);
-        }
-    for (int jp = 0; jp < ATTENTION_TOKENS / 2; jp++)
-        for (int d = 0; d < dim; d++) {
-            vp[((int64_t)jp * dim + d) * 2] = f32_to_bf16(vr[2 * jp][d]);
-            vp[((int64_t)jp * dim + d) * 2 + 1] = f32_to_bf16(vr[2 * jp + 1][d]);
-        }
+    prompt_load_block(a, kvh, block, kr[0], vr[0], PROMPT_MAX_DIM);
 }
 #endif
 
-/* Block `block` of KV head kvh into a->keys and a->values in float32 (see PromptAttention). */
-static void prompt_widen_block(const PromptAttention *a, int kvh, int64_t block) {
-    float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    const int dim = a->dim;
-    float *kt = (float *)a->keys + prompt_block_at(a, kvh, block), *vb = (float *)a->values + prompt_block_at(a, kvh, block);
-    prompt_load_block(a, kvh, block, kr, vb, dim);
-    for (int d = 0; d < dim; d++)
-        for (int j = 0; j < ATTENTION_TOKENS; j++) kt[d * ATTENTION_TOKENS + j] = kr[j][d];
+/* e^x for x <= 0 on 16 lanes, within an ulp or two: prompt_exp's polynomial in fused
+ * multiply-adds, and 2^n applied by VSCALEFPS, in half its instructions. The exponentials are
+ * much of the softmax's work, and its probabilities are rounded to bf16 on the bf16 paths. */
+static inline __m512 prompt_exp_fused(__m512 x) {
+    const __m512 v = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 whole = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(EXP_LN2_HIGH), v);
+    r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(EXP_LN2_LOW), r);
+    __m512 poly = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C0), r, _mm512_set1_ps(EXP_C1));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C2));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C3));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C4));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C5));
+    const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, whole);
 }
 
-/* One task: KV head kvh, chunk rows r0..r0 + rows - 1 of each of its query heads (task row
- * t = head-in-group * rows + chunk row): each key and value block is widened once for all. */
-static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int rows) {
-    float qs[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    float acc[PROMPT_TASK_ROWS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    float p[PROMPT_TASK_ROWS][ATTENTION_TOKENS] __attribute__((aligned(64)));
-    uint32_t qp[PROMPT_TASK_ROWS][PROMPT_MAX_DIM / 2] __attribute__((aligned(64))); /* bf16 pairs */
-    uint32_t pp[PROMPT_TASK_ROWS][ATTENTION_TOKENS / 2] __attribute__((aligned(64)));
-    float best[PROMPT_TASK_ROWS], total[PROMPT_TASK_ROWS];
-    const int dim = a->dim, group = a->num_heads / a->num_kv_heads, chunks = dim / 16, all = group * rows;
-    const int64_t first = (int64_t)a->ctx - a->n + r0; /* the position of chunk row r0 */
-    for (int t = 0; t < all; t++) {
-        const int h = kvh * group + t / rows, r = t % rows;
-        const float *row = a->q + (int64_t)(r0 + r) * a->q_stride + (int64_t)h * dim;
-        if (a->bf16_products) /* the query rounded, the scores scaled after */
-            for (int i = 0; i < dim / 2; i++)
-                qp[t][i] = (uint32_t)f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
-        else
-            for (int d = 0; d < dim; d++) qs[t][d] = row[d] * a->scale;
-        memset(acc[t], 0, sizeof(float) * dim);
-        best[t] = -INFINITY;
-        total[t] = 0.0f;
-    }
-    const int64_t last = first + rows - 1; /* the last key any row sees */
-    for (int64_t kb = 0; kb <= last; kb += ATTENTION_TOKENS) {
-        const int nk = last + 1 - kb < ATTENTION_TOKENS ? (int)(last + 1 - kb) : ATTENTION_TOKENS;
-        const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
-        const float *kt = (const float *)a->keys + at, *vb = (const float *)a->values + at;
-        for (int g = 0; g < all; g += PROMPT_GROUP) {
-            const int count = all - g < PROMPT_GROUP ? all - g : PROMPT_GROUP;
-            __m512 s[PROMPT_GROUP][2];
-            for (int i = 0; i < PROMPT_GROUP; i++) s[i][0] = s[i][1] = _mm512_setzero_ps();
-            if (a->bf16_products) {
-#if defined(__AVX512BF16__)
-                const uint32_t *kp = (const uint32_t *)((const uint16_t *)a->keys + at);
-                for (int i = 0; i < dim / 2; i++) {
-                    const __m512bh k0 = (__m512bh)_mm512_load_si512(kp + i * ATTENTION_TOKENS);
-                    const __m512bh k1 = (__m512bh)_mm512_load_si512(kp + i * ATTENTION_TOKENS + 16);
-                    for (int r = 0; r < PROMPT_GROUP; r++) {
-                        const __m512bh x = (__m512bh)_mm512_set1_epi32((int)qp[r < count ? g + r : g][i]);
-                        s[r][0] = _mm512_dpbf16_ps(s[r][0], k0, x);
-                        s[r][1] = _mm512_dpbf16_ps(s[r][1], k1, x);
-                    }
-                }
-                const __m512 scale = _mm512_set1_ps(a->scale);
-                for (int r = 0; r < PROMPT_GROUP; r++) {
-                    s[r][0] = _mm512_mul_ps(s[r][0], scale);
-                    s[r][1] = _mm512_mul_ps(s[r][1], scale);
-                }
-#endif
-            } else {
-                for (int d = 0; d < dim; d++) {
-                    const __m512 k0 = _mm512_load_ps(kt + d * ATTENTION_TOKENS), k1 = _mm512_load_ps(kt + d * ATTENTION_TOKENS + 16);
-                    for (int i = 0; i < PROMPT_GROUP; i++) { /* rows past `count` repeat row g, unused */
-                        const __m512 x = _mm512_set1_ps(qs[i < count ? g + i : g][d]);
-                        s[i][0] = _mm512_fmadd_ps(x, k0, s[i][0]);
-                        s[i][1] = _mm512_fmadd_ps(x, k1, s[i][1]);
-                    }
-                }
-            }
-            for (int i = 0; i < count; i++) {
-                const int t = g + i;
-                const int valid = prompt_keys_seen(first, t % rows, kb, nk);
-                if (!valid) {
-                    if (a->bf16_products) memset(pp[t], 0, sizeof pp[t]);
-                    else memset(p[t], 0, sizeof p[t]);
-                    continue;
-                }
-                __m512 e0, e1;
-                prompt_softmax_row(s[i][0], s[i][1], valid, &best[t], &total[t], acc[t], chunks, &e0, &e1);
-                if (a->bf16_products) { /* pair jp: keys 2jp, 2jp + 1 */
-#if defined(__AVX512BF16__)
-                    _mm512_store_si512(pp[t], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-#endif
-                } else {
-                    _mm512_store_ps(p[t], e0);
-                    _mm512_store_ps(p[t] + 16, e1);
-                }
-            }
-            for (int c = 0; c < chunks; c++) {
-                __m512 o[PROMPT_GROUP];
-                for (int i = 0; i < PROMPT_GROUP; i++) o[i] = _mm512_load_ps(acc[i < count ? g + i : g] + 16 * c);
-                if (a->bf16_products) {
-#if defined(__AVX512BF16__)
-                    const uint16_t *vp = (const uint16_t *)a->values + at;
-                    for (int jp = 0; jp < (nk + 1) / 2; jp++) {
-                        const __m512bh x = (__m512bh)_mm512_load_si512(vp + ((int64_t)jp * dim + 16 * c) * 2);
-                        for (int i = 0; i < PROMPT_GROUP; i++)
-                            o[i] = _mm512_dpbf16_ps(o[i], x, (__m512bh)_mm512_set1_epi32((int)pp[i < count ? g + i : g][jp]));
-                    }
-#endif
-                } else {
-                    for (int j = 0; j < nk; j++) {
-                        const __m512 x = _mm512_load_ps(vb + j * dim + 16 * c);
-                        for (int i = 0; i < PROMPT_GROUP; i++)
-                            o[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i < count ? g + i : g][j]), x, o[i]);
-                    }
-                }
-                for (int i = 0; i < count; i++) _mm512_store_ps(acc[g + i] + 16 * c, o[i]);
-            }
-        }
-    }
-    for (int t = 0; t < all; t++) {
-        const int h = kvh * group + t / rows, r = t % rows;
-        float *o = a->out + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
-        for (int d = 0; d < dim; d++) o[d] = acc[t][d] / total[t];
-    }
-}
+/* How far past its running maximum a row's scores may go before its sums are rescaled
+ * (natural log units): e^8 is ~3,000, well inside float32 and bf16 ranges. Rescaling every
+ * time a maximum rose took a multiply of every value sum (on the tiles a store and a reload
+ * too); a maximum that rose by less is kept as the reference, the sums and the total then a
+ * common factor larger, which the final division takes out. */
+#define PROMPT_RESCALE_ABOVE 8.0f
+
+#include "prompt_attention_lanes.h"
 
 /* the tiles' helpers (amx_permission, amx_configure) exist where quant_bf16.h includes quant_amx.h */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -310,7 +167,7 @@ static int prompt_attention_run(PromptAttention *a) {
         num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > a->ctx)
         return -1;
     if (a->bf16_products < PROMPT_FLOAT32 || a->bf16_products > PROMPT_BF16_AMX) return -1;
-#if !defined(__AVX512BF16__)
+#if !(defined(__AVX512BF16__) && defined(__AVX512BW__))
     if (a->bf16_products) return -1;
 #endif
     const int tiles_fit = dim % 32 == 0 && amx_permission();
@@ -332,14 +189,8 @@ static int prompt_attention_run(PromptAttention *a) {
 #pragma omp for collapse(2) schedule(static)
         for (int kvh = 0; kvh < num_kv_heads; kvh++)
             for (int64_t b = 0; b < key_blocks; b++) {
-#if defined(__AVX512BF16__)
-                if (a->bf16_products) {
-                    if (amx) prompt_pack_block_tiles(a, kvh, b);
-                    else prompt_pack_block(a, kvh, b);
-                    continue;
-                }
-#endif
-                prompt_widen_block(a, kvh, b);
+                if (amx) prompt_pack_block_tiles(a, kvh, b);
+                else prompt_lay_out_block(a, kvh, b);
             }
         if (amx) amx_configure(); /* per thread */
         /* later row blocks see more keys: dynamic scheduling evens the threads out */

@@ -4,15 +4,14 @@
  * A tile of 16 task rows meets each block of 32 keys as scores transposed, a key per tile
  * row and a query row per column (keys x queries^T), so that one AVX-512 register holds one
  * key's scores for all 16 rows. The online softmax is then a maximum, exponentials and a
- * sum down 32 registers, where scores by row took two horizontal reductions a row and a
- * block, and those and the exponentials were most of the time (SmolLM2's heads of 64: 128
- * products a score). The value sums come out transposed too (values^T x probabilities^T, a
+ * sum down 32 registers, as on the AVX-512 engine (prompt_attention_lanes.h). The value
+ * sums come out transposed too (values^T x probabilities^T, a
  * head dimension a tile row) and stay in tiles 4-7 from block to block for heads up to 64;
  * wider heads add each block's sums in memory. A row's sums are taken against a reference
  * that moves only where its scores pass it by PROMPT_RESCALE_ABOVE, so the sums are rarely
  * stored, rescaled and reloaded; the final division takes the common factor out.
  *
- * Roundings are prompt_attention.h's bf16 products': queries, keys, values and
+ * Roundings are the AVX-512 engine's bf16 products': queries, keys, values and
  * probabilities in bf16, sums in float32, the scores scaled after. Products, masks and
  * references are each row's own, so a row's result does not depend on its chunk. Layout
  * (prompt_pack_block_tiles): per KV head and block of 32 keys, the keys as rows ([32][dim])
@@ -22,25 +21,6 @@
  * Included by prompt_attention.h inside its AMX section.
  */
 #define PROMPT_TILE_ROWS 16 /* task rows a tile holds: a register's lanes */
-
-/* e^x for x <= 0 on 16 lanes, within an ulp or two: prompt_exp's polynomial in fused
- * multiply-adds, and 2^n applied by VSCALEFPS, in half its instructions. The probabilities
- * are rounded to bf16 anyway, and the exponentials are much of the work (SmolLM2's heads of
- * 64: 128 products a score, one exponential). */
-static inline __m512 prompt_exp_fused(__m512 x) {
-    const __m512 v = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 whole = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)),
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(EXP_LN2_HIGH), v);
-    r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(EXP_LN2_LOW), r);
-    __m512 poly = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C0), r, _mm512_set1_ps(EXP_C1));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C2));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C3));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C4));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(EXP_C5));
-    const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, whole);
-}
 
 /* Block `block` of KV head kvh into a->keys ([32][dim]) and a->values ([dim][32]) in bf16
  * (rounded to nearest even by VCVTNE2PS2BF16, as the bf16 products' other operands are). */
@@ -86,13 +66,6 @@ static inline void prompt_sum_tile_add(int c) {
 #undef PROMPT_ADD
 }
 #undef PROMPT_ZERO
-
-/* How far past its running maximum a row's scores may go before its sums are rescaled
- * (natural log units): e^8 is ~3,000, well inside float32 and bf16 ranges. Rescaling every
- * time a maximum rose took a store, a multiply and a reload of every value sum tile; a
- * maximum that rose by less is kept as the reference, the sums and the total then a common
- * factor larger, which the final division takes out. */
-#define PROMPT_RESCALE_ABOVE 8.0f
 
 /* The value sums of one tile of rows, each row's scaled by its lane of `keep`: in `acc`, or
  * (`resident`) in tiles 4 on, through `acc`. */

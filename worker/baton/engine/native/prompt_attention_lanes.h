@@ -1,0 +1,208 @@
+/* The AVX-512 engines of the prompt attention (prompt_attention.h), float32 FMAs or bf16
+ * products on VDPBF16PS: a query row per lane, the softmax across 16 rows at once.
+ *
+ * A task's rows go 16 at a time (a register's lanes). Each block of 32 keys is scored as
+ * keys x queries^T, one register per key holding that key's score for the 16 rows (each of
+ * a key's values broadcast from memory into the products), so the online softmax is a
+ * maximum, exponentials and a sum down 32 registers. With a key per lane instead, each row
+ * and block took two horizontal reductions and a scalar exponential, and on a Zen 4 core
+ * those were a third of the time of a 2,000-token prompt's attention. The value sums are
+ * kept transposed (a head dimension per row of `acc`, the 16 rows across it) and grow by
+ * values^T x probabilities^T, 16 head dimensions in registers at a time. A row's sums are
+ * taken against a reference that moves only where its scores pass it by
+ * PROMPT_RESCALE_ABOVE; the final division takes the common factor out (as on the tiles).
+ *
+ * Roundings: float32 products of the scaled queries; or, with `bf16_products`, the queries,
+ * keys, values and probabilities rounded to bf16 and the scores scaled after, as torch's bf16
+ * attention rounds them. Sums in float32 either way. Products, masks and references are each
+ * lane's own, so a row's result does not depend on its chunk or its neighbours.
+ * Layout (prompt_lay_out_block), per KV head and block of 32 keys: in float32 the keys
+ * transposed ([dim][32]) and the values as rows ([32][dim]); in bf16 the keys' pairs along
+ * the head dimension transposed ([dim / 2][32][2]) and the values in pairs along the keys
+ * ([16][dim][2]). Either way the 16 values a loop broadcasts lie at fixed offsets from one
+ * address.
+ * Included by prompt_attention.h inside its AVX-512 section.
+ */
+#define PROMPT_LANE_ROWS 16 /* task rows a register's lanes hold */
+#define PROMPT_LANE_KEYS 16 /* keys scored at once: one accumulator each */
+
+/* Block `block` of KV head kvh into a->keys and a->values (see above); zero past ctx. */
+static void prompt_lay_out_block(const PromptAttention *a, int kvh, int64_t block) {
+    const int dim = a->dim;
+    const int64_t at = prompt_block_at(a, kvh, block);
+    float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    float vr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
+    prompt_load_block(a, kvh, block, kr[0], vr[0], PROMPT_MAX_DIM);
+    if (!a->bf16_products) {
+        float *kt = (float *)a->keys + at, *vb = (float *)a->values + at;
+        for (int d = 0; d < dim; d++)
+            for (int j = 0; j < ATTENTION_TOKENS; j++) kt[d * ATTENTION_TOKENS + j] = kr[j][d];
+        for (int j = 0; j < ATTENTION_TOKENS; j++) memcpy(vb + (int64_t)j * dim, vr[j], sizeof(float) * dim);
+        return;
+    }
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    uint16_t *kp = (uint16_t *)a->keys + at, *vp = (uint16_t *)a->values + at;
+    for (int i = 0; i < dim / 2; i++)
+        for (int j = 0; j < ATTENTION_TOKENS; j++) {
+            kp[(i * ATTENTION_TOKENS + j) * 2] = f32_to_bf16(kr[j][2 * i]);
+            kp[(i * ATTENTION_TOKENS + j) * 2 + 1] = f32_to_bf16(kr[j][2 * i + 1]);
+        }
+    for (int jp = 0; jp < ATTENTION_TOKENS / 2; jp++)
+        for (int d = 0; d < dim; d++) {
+            vp[((int64_t)jp * dim + d) * 2] = f32_to_bf16(vr[2 * jp][d]);
+            vp[((int64_t)jp * dim + d) * 2 + 1] = f32_to_bf16(vr[2 * jp + 1][d]);
+        }
+#endif
+}
+
+/* The scores of keys k0..k0 + 15 of a block for the 16 rows: st[k0 + j] = key j . queries.
+ * qt holds the queries transposed (float32 [dim][16], scaled; bf16 pairs [dim / 2][16]). */
+static inline void prompt_lane_scores(const PromptAttention *a, int64_t at, int k0, const float *qt,
+                                      float st[][PROMPT_LANE_ROWS]) {
+    const int dim = a->dim;
+    __m512 s[PROMPT_LANE_KEYS];
+    for (int j = 0; j < PROMPT_LANE_KEYS; j++) s[j] = _mm512_setzero_ps();
+    if (a->bf16_products) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+        const uint32_t *kp = (const uint32_t *)((const uint16_t *)a->keys + at) + k0;
+        const uint32_t *qp = (const uint32_t *)qt;
+        for (int i = 0; i < dim / 2; i++, kp += ATTENTION_TOKENS) {
+            const __m512bh x = (__m512bh)_mm512_load_si512(qp + PROMPT_LANE_ROWS * i);
+            for (int j = 0; j < PROMPT_LANE_KEYS; j++)
+                s[j] = _mm512_dpbf16_ps(s[j], x, (__m512bh)_mm512_set1_epi32((int)kp[j]));
+        }
+#endif
+    } else {
+        const float *kt = (const float *)a->keys + at + k0;
+        for (int d = 0; d < dim; d++, kt += ATTENTION_TOKENS) {
+            const __m512 x = _mm512_load_ps(qt + PROMPT_LANE_ROWS * d);
+            for (int j = 0; j < PROMPT_LANE_KEYS; j++) s[j] = _mm512_fmadd_ps(x, _mm512_set1_ps(kt[j]), s[j]);
+        }
+    }
+    for (int j = 0; j < PROMPT_LANE_KEYS; j++) _mm512_store_ps(st[k0 + j], s[j]);
+}
+
+/* acc[d] += sum over the block's first `keys` keys of value[key][d] * probability[key], for
+ * every head dimension d, 16 at a time in registers. Probabilities: float32 pf[key][16], or
+ * bf16 pairs pp[key pair][16] (keys rounded up to a pair; a pair past the block's keys is
+ * zero). */
+static inline void prompt_lane_values(const PromptAttention *a, int64_t at, int keys, const float pf[][PROMPT_LANE_ROWS],
+                                      const uint32_t pp[][PROMPT_LANE_ROWS], float acc[][PROMPT_LANE_ROWS]) {
+    const int dim = a->dim;
+    for (int c = 0; c < dim; c += 16) {
+        __m512 o[16];
+        for (int d = 0; d < 16; d++) o[d] = _mm512_load_ps(acc[c + d]);
+        if (a->bf16_products) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+            const uint32_t *vp = (const uint32_t *)((const uint16_t *)a->values + at) + c;
+            for (int jp = 0; jp < (keys + 1) / 2; jp++) {
+                const __m512bh x = (__m512bh)_mm512_load_si512(pp[jp]);
+                for (int d = 0; d < 16; d++)
+                    o[d] = _mm512_dpbf16_ps(o[d], x, (__m512bh)_mm512_set1_epi32((int)vp[(int64_t)jp * dim + d]));
+            }
+#endif
+        } else {
+            const float *vf = (const float *)a->values + at + c;
+            for (int j = 0; j < keys; j++) {
+                const __m512 x = _mm512_load_ps(pf[j]);
+                for (int d = 0; d < 16; d++) o[d] = _mm512_fmadd_ps(x, _mm512_set1_ps(vf[(int64_t)j * dim + d]), o[d]);
+            }
+        }
+        for (int d = 0; d < 16; d++) _mm512_store_ps(acc[c + d], o[d]);
+    }
+}
+
+/* One task: KV head kvh, chunk rows r0..r0 + rows - 1 of each of its query heads (task row
+ * t = head-in-group * rows + chunk row), 16 task rows at a time. */
+static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int rows) {
+    float qt[PROMPT_MAX_DIM][PROMPT_LANE_ROWS] __attribute__((aligned(64)));  /* queries transposed */
+    float acc[PROMPT_MAX_DIM][PROMPT_LANE_ROWS] __attribute__((aligned(64))); /* value sums: dim d, row n */
+    float st[ATTENTION_TOKENS][PROMPT_LANE_ROWS] __attribute__((aligned(64))); /* scores, float32 probabilities */
+    uint32_t pt[ATTENTION_TOKENS / 2][PROMPT_LANE_ROWS] __attribute__((aligned(64))); /* bf16 probability pairs */
+    const int dim = a->dim, group = a->num_heads / a->num_kv_heads, all = group * rows, bf16 = a->bf16_products;
+    const int64_t first = (int64_t)a->ctx - a->n + r0; /* the position of chunk row r0 */
+    const __m512 none = _mm512_set1_ps(-INFINITY), margin = _mm512_set1_ps(PROMPT_RESCALE_ABOVE);
+    /* bf16 scores are scaled after their products; float32 ones come scaled (the queries are) */
+    const __m512 scale = _mm512_set1_ps(bf16 ? a->scale : 1.0f);
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    const __m512i interleave = BF16_INTERLEAVE;
+#endif
+    for (int t0 = 0; t0 < all; t0 += PROMPT_LANE_ROWS) {
+        const int count = all - t0 < PROMPT_LANE_ROWS ? all - t0 : PROMPT_LANE_ROWS;
+        const __mmask16 rows_here = (__mmask16)((1u << count) - 1);
+        int32_t position[PROMPT_LANE_ROWS] __attribute__((aligned(64)));
+        int64_t seen = 0, everyone = INT64_MAX; /* the last key any row sees; all rows see keys up to `everyone` */
+        memset(qt, 0, sizeof(float) * PROMPT_LANE_ROWS * dim); /* lanes past the task's: zero queries, no keys */
+        for (int n = 0; n < PROMPT_LANE_ROWS; n++) {
+            position[n] = -1;
+            if (n >= count) continue;
+            const int t = t0 + n, h = kvh * group + t / rows, r = t % rows;
+            const float *row = a->q + (int64_t)(r0 + r) * a->q_stride + (int64_t)h * dim;
+            if (bf16)
+                for (int i = 0; i < dim / 2; i++)
+                    ((uint32_t *)qt)[i * PROMPT_LANE_ROWS + n] =
+                        (uint32_t)f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
+            else
+                for (int d = 0; d < dim; d++) qt[d][n] = row[d] * a->scale;
+            position[n] = (int32_t)(first + r);
+            seen = first + r > seen ? first + r : seen;
+            everyone = first + r < everyone ? first + r : everyone;
+        }
+        const __m512i positions = _mm512_load_si512(position);
+        __m512 reference = none, total = _mm512_setzero_ps(); /* each row's exponent reference, sum */
+        memset(acc, 0, sizeof(float) * PROMPT_LANE_ROWS * dim);
+        for (int64_t kb = 0; kb <= seen; kb += ATTENTION_TOKENS) {
+            const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
+            /* keys past `seen` no row sees: their scores stay unread, their probabilities zero */
+            const int keys = seen - kb + 1 < ATTENTION_TOKENS ? (int)(seen - kb + 1) : ATTENTION_TOKENS;
+            for (int k0 = 0; k0 < keys; k0 += PROMPT_LANE_KEYS) prompt_lane_scores(a, at, k0, qt[0], st);
+            /* key kb + j is seen by the rows at or past it: every row, below the diagonal */
+            __mmask16 seen_by[ATTENTION_TOKENS];
+            const int whole = kb + ATTENTION_TOKENS - 1 <= everyone;
+            __m512 high = none;
+            for (int j = 0; j < keys; j++) {
+                seen_by[j] = whole ? rows_here : _mm512_cmpge_epi32_mask(positions, _mm512_set1_epi32((int)(kb + j)));
+                high = _mm512_mask_max_ps(high, seen_by[j], high, _mm512_load_ps(st[j]));
+            }
+            high = _mm512_mul_ps(high, scale); /* the scale is positive: the maximum's place holds */
+            /* a new reference where a row's scores pass the old by the margin (or it had none) */
+            const __mmask16 rise = _mm512_cmp_ps_mask(high, _mm512_add_ps(reference, margin), _CMP_GT_OQ);
+            if (rise) {
+                const __m512 raised = _mm512_mask_mov_ps(reference, rise, high);
+                const __m512 keep = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(reference, none, _CMP_NEQ_OQ),
+                                                        prompt_exp_fused(_mm512_sub_ps(reference, raised)));
+                total = _mm512_mul_ps(total, keep);
+                if (kb) /* before the first block the sums are zero */
+                    for (int d = 0; d < dim; d++) _mm512_store_ps(acc[d], _mm512_mul_ps(_mm512_load_ps(acc[d]), keep));
+                reference = raised;
+            }
+            const __m512 shift = _mm512_sub_ps(_mm512_setzero_ps(), reference);
+            __m512 sum = _mm512_setzero_ps();
+            for (int j = 0; j < keys; j += 2) {
+                const __m512 e0 = _mm512_maskz_mov_ps(
+                    seen_by[j], prompt_exp_fused(_mm512_fmadd_ps(_mm512_load_ps(st[j]), scale, shift)));
+                const __m512 e1 = j + 1 < keys ? _mm512_maskz_mov_ps(seen_by[j + 1], prompt_exp_fused(_mm512_fmadd_ps(
+                                                                         _mm512_load_ps(st[j + 1]), scale, shift)))
+                                               : _mm512_setzero_ps();
+                sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+                if (bf16) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+                    _mm512_store_si512(pt[j / 2], _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(e1, e0)));
+#endif
+                } else {
+                    _mm512_store_ps(st[j], e0);
+                    _mm512_store_ps(st[j + 1], e1);
+                }
+            }
+            total = _mm512_add_ps(total, sum);
+            prompt_lane_values(a, at, keys, st, pt, acc);
+        }
+        float inverse[PROMPT_LANE_ROWS] __attribute__((aligned(64)));
+        _mm512_store_ps(inverse, _mm512_div_ps(_mm512_set1_ps(1.0f), total));
+        for (int n = 0; n < count; n++) { /* row n's sums, down column n of acc */
+            const int t = t0 + n, h = kvh * group + t / rows, r = t % rows;
+            float *o = a->out + ((int64_t)(r0 + r) * a->num_heads + h) * dim;
+            for (int d = 0; d < dim; d++) o[d] = acc[d][n] * inverse[n];
+        }
+    }
+}
