@@ -102,16 +102,6 @@ static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, 
     }
 }
 
-#if defined(__AVX512BF16__)
-/* Block `block` of KV head kvh widened to float32 rows (keys kr, values vr), and where its
- * bf16 layout goes: kp in a->keys, vp in a->values. */
-static void prompt_block_to_pack(const PromptAttention *a, int kvh, int64_t block, float kr[][PROMPT_MAX_DIM],
-                                 float vr[][PROMPT_MAX_DIM], uint16_t **kp, uint16_t **vp) {
-    *kp = (uint16_t *)a->keys + prompt_block_at(a, kvh, block);
-    *vp = (uint16_t *)a->values + prompt_block_at(a, kvh, block);
-    prompt_load_block(a, kvh, block, kr[0], vr[0], PROMPT_MAX_DIM);
-}
-#endif
 
 /* e^x for x <= 0 on 16 lanes, within an ulp or two: prompt_exp's polynomial in fused
  * multiply-adds, and 2^n applied by VSCALEFPS, in half its instructions. The exponentials are
@@ -137,6 +127,35 @@ static inline __m512 prompt_exp_fused(__m512 x) {
  * too); a maximum that rose by less is kept as the reference, the sums and the total then a
  * common factor larger, which the final division takes out. */
 #define PROMPT_RESCALE_ABOVE 8.0f
+
+/* The online softmax's step for one block of `keys` keys (from key kb) over 16 rows, a row a
+ * lane, whose scores st[j] are to be multiplied by `scale`: which rows see key kb + j
+ * (seen_by[j]: the rows at or past it; every row where the whole block lies at or below
+ * `everyone`, the earliest row's position), and each row's reference, raised where its
+ * scores pass it by PROMPT_RESCALE_ABOVE (or it had none). Returns the rows whose reference
+ * rose, with `keep` the factor their sums so far are to be scaled by (0 where there were
+ * none; 1 in the other lanes). */
+static inline __mmask16 prompt_block_reference(const float st[][16], int keys, int64_t kb, int64_t everyone,
+                                               __mmask16 rows_here, __m512i positions, __m512 scale,
+                                               __mmask16 seen_by[], __m512 *reference, __m512 *keep) {
+    const __m512 none = _mm512_set1_ps(-INFINITY);
+    const int whole = kb + ATTENTION_TOKENS - 1 <= everyone;
+    __m512 high = none;
+    for (int j = 0; j < keys; j++) {
+        seen_by[j] = whole ? rows_here : _mm512_cmpge_epi32_mask(positions, _mm512_set1_epi32((int)(kb + j)));
+        high = _mm512_mask_max_ps(high, seen_by[j], high, _mm512_load_ps(st[j]));
+    }
+    high = _mm512_mul_ps(high, scale); /* the scale is positive: the maximum's place holds */
+    const __mmask16 rise =
+        _mm512_cmp_ps_mask(high, _mm512_add_ps(*reference, _mm512_set1_ps(PROMPT_RESCALE_ABOVE)), _CMP_GT_OQ);
+    if (rise) {
+        const __m512 raised = _mm512_mask_mov_ps(*reference, rise, high);
+        *keep = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(*reference, none, _CMP_NEQ_OQ),
+                                    prompt_exp_fused(_mm512_sub_ps(*reference, raised)));
+        *reference = raised;
+    }
+    return rise;
+}
 
 #include "prompt_attention_lanes.h"
 

@@ -89,6 +89,7 @@ static inline void prompt_lane_scores(const PromptAttention *a, int64_t at, int 
 static inline void prompt_lane_values(const PromptAttention *a, int64_t at, int keys, const float pf[][PROMPT_LANE_ROWS],
                                       const uint32_t pp[][PROMPT_LANE_ROWS], float acc[][PROMPT_LANE_ROWS]) {
     const int dim = a->dim;
+    (void)pp; /* unread where the build has no bf16 products */
     for (int c = 0; c < dim; c += 16) {
         __m512 o[16];
         for (int d = 0; d < 16; d++) o[d] = _mm512_load_ps(acc[c + d]);
@@ -121,7 +122,6 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
     uint32_t pt[ATTENTION_TOKENS / 2][PROMPT_LANE_ROWS] __attribute__((aligned(64))); /* bf16 probability pairs */
     const int dim = a->dim, group = a->num_heads / a->num_kv_heads, all = group * rows, bf16 = a->bf16_products;
     const int64_t first = (int64_t)a->ctx - a->n + r0; /* the position of chunk row r0 */
-    const __m512 none = _mm512_set1_ps(-INFINITY), margin = _mm512_set1_ps(PROMPT_RESCALE_ABOVE);
     /* bf16 scores are scaled after their products; float32 ones come scaled (the queries are) */
     const __m512 scale = _mm512_set1_ps(bf16 ? a->scale : 1.0f);
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -149,32 +149,19 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
             everyone = first + r < everyone ? first + r : everyone;
         }
         const __m512i positions = _mm512_load_si512(position);
-        __m512 reference = none, total = _mm512_setzero_ps(); /* each row's exponent reference, sum */
+        __m512 reference = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps(); /* each row's exponent reference, sum */
         memset(acc, 0, sizeof(float) * PROMPT_LANE_ROWS * dim);
         for (int64_t kb = 0; kb <= seen; kb += ATTENTION_TOKENS) {
             const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
             /* keys past `seen` no row sees: their scores stay unread, their probabilities zero */
             const int keys = seen - kb + 1 < ATTENTION_TOKENS ? (int)(seen - kb + 1) : ATTENTION_TOKENS;
             for (int k0 = 0; k0 < keys; k0 += PROMPT_LANE_KEYS) prompt_lane_scores(a, at, k0, qt[0], st);
-            /* key kb + j is seen by the rows at or past it: every row, below the diagonal */
             __mmask16 seen_by[ATTENTION_TOKENS];
-            const int whole = kb + ATTENTION_TOKENS - 1 <= everyone;
-            __m512 high = none;
-            for (int j = 0; j < keys; j++) {
-                seen_by[j] = whole ? rows_here : _mm512_cmpge_epi32_mask(positions, _mm512_set1_epi32((int)(kb + j)));
-                high = _mm512_mask_max_ps(high, seen_by[j], high, _mm512_load_ps(st[j]));
-            }
-            high = _mm512_mul_ps(high, scale); /* the scale is positive: the maximum's place holds */
-            /* a new reference where a row's scores pass the old by the margin (or it had none) */
-            const __mmask16 rise = _mm512_cmp_ps_mask(high, _mm512_add_ps(reference, margin), _CMP_GT_OQ);
-            if (rise) {
-                const __m512 raised = _mm512_mask_mov_ps(reference, rise, high);
-                const __m512 keep = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(reference, none, _CMP_NEQ_OQ),
-                                                        prompt_exp_fused(_mm512_sub_ps(reference, raised)));
+            __m512 keep;
+            if (prompt_block_reference(st, keys, kb, everyone, rows_here, positions, scale, seen_by, &reference, &keep)) {
                 total = _mm512_mul_ps(total, keep);
                 if (kb) /* before the first block the sums are zero */
                     for (int d = 0; d < dim; d++) _mm512_store_ps(acc[d], _mm512_mul_ps(_mm512_load_ps(acc[d]), keep));
-                reference = raised;
             }
             const __m512 shift = _mm512_sub_ps(_mm512_setzero_ps(), reference);
             __m512 sum = _mm512_setzero_ps();

@@ -27,9 +27,10 @@
 static void prompt_pack_block_tiles(const PromptAttention *a, int kvh, int64_t block) {
     float kr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
     float vr[ATTENTION_TOKENS][PROMPT_MAX_DIM] __attribute__((aligned(64)));
-    uint16_t *kp, *vp;
     const int dim = a->dim;
-    prompt_block_to_pack(a, kvh, block, kr, vr, &kp, &vp);
+    const int64_t at = prompt_block_at(a, kvh, block);
+    uint16_t *kp = (uint16_t *)a->keys + at, *vp = (uint16_t *)a->values + at;
+    prompt_load_block(a, kvh, block, kr[0], vr[0], PROMPT_MAX_DIM);
     for (int j = 0; j < ATTENTION_TOKENS; j++)
         for (int d = 0; d < dim; d += 32)
             _mm512_storeu_si512(kp + j * dim + d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(kr[j] + d + 16),
@@ -88,7 +89,6 @@ static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0,
     const int dim = a->dim, group = a->num_heads / a->num_kv_heads, all = group * rows;
     const int64_t first = (int64_t)a->ctx - a->n + r0;
     const __m512 scale = _mm512_set1_ps(a->scale), none = _mm512_set1_ps(-INFINITY);
-    const __m512 margin = _mm512_set1_ps(PROMPT_RESCALE_ABOVE);
     const __m512i interleave = BF16_INTERLEAVE;
     /* 16 lanes a tile row apart: down one column of a [..][16] array of 4-byte values */
     const __m512i across = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -134,24 +134,12 @@ static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0,
             }
             _tile_stored(0, st[0], 64);
             _tile_stored(1, st[16], 64);
-            /* key kb + j is seen by the rows at or past it: every row, below the diagonal */
             __mmask16 seen_by[ATTENTION_TOKENS];
-            const int whole = kb + ATTENTION_TOKENS - 1 <= everyone;
-            __m512 high = none;
-            for (int j = 0; j < ATTENTION_TOKENS; j++) {
-                seen_by[j] = whole ? rows_here : _mm512_cmpge_epi32_mask(positions, _mm512_set1_epi32((int)(kb + j)));
-                high = _mm512_mask_max_ps(high, seen_by[j], high, _mm512_load_ps(st[j]));
-            }
-            high = _mm512_mul_ps(high, scale); /* the scale is positive: the maximum's place holds */
-            /* a new reference where a row's scores pass the old by the margin (or it had none) */
-            const __mmask16 rise = _mm512_cmp_ps_mask(high, _mm512_add_ps(reference, margin), _CMP_GT_OQ);
-            if (rise) {
-                const __m512 raised = _mm512_mask_mov_ps(reference, rise, high);
-                const __m512 keep = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(reference, none, _CMP_NEQ_OQ),
-                                                        prompt_exp_fused(_mm512_sub_ps(reference, raised)));
+            __m512 keep;
+            if (prompt_block_reference(st, ATTENTION_TOKENS, kb, everyone, rows_here, positions, scale, seen_by,
+                                       &reference, &keep)) {
                 total = _mm512_mul_ps(total, keep);
                 if (kb) prompt_rescale_sums(acc, dim, keep, resident); /* before the first block they are zero */
-                reference = raised;
             }
             const __m512 shift = _mm512_sub_ps(_mm512_setzero_ps(), reference);
             __m512 sum = _mm512_setzero_ps();
