@@ -85,10 +85,12 @@ def test_amx_tiles_take_head_sizes_of_32s_and_any_falls_back_to_dot_products(lib
     torch.testing.assert_close(tiles, dots, atol=2e-3, rtol=1e-2)  # the same roundings, other sum orders
 
 
-@pytest.mark.parametrize("d", [64, 128])  # value sums held in tiles; added block by block in memory
-def test_tiles_rescale_where_a_rows_scores_keep_rising(lib, d):
-    if not native.takes_bf16(lib, "amx"):
-        pytest.skip("no AMX tiles here (the CPU lacks them, or the OS did not grant them)")
+@pytest.mark.parametrize("engine", ["float32", "avx512", "amx"])
+@pytest.mark.parametrize("d", [64, 128])  # on the tiles: value sums held in tiles; added block by block in memory
+def test_sums_rescale_where_a_rows_scores_keep_rising(lib, engine, d):
+    bf16 = engine != "float32"
+    if bf16 and not native.takes_bf16(lib, engine):
+        pytest.skip(f"this library or CPU has no bf16 products on {engine}")
     n, ctx = 40, 300
     g = _gen(ctx + d)
     q = torch.randn(n, 6, d, generator=g)
@@ -98,11 +100,15 @@ def test_tiles_rescale_where_a_rows_scores_keep_rising(lib, d):
     k = (torch.randn(ctx, 2, d, generator=g) * growth).bfloat16()
     v = torch.randn(ctx, 2, d, generator=g).bfloat16()
     scale = d**-0.5
-    got = native.attend(lib, q, k, v, scale, bf16=True, engine="amx")
-    want = _dense_attention(q.bfloat16().float(), k.float(), v.float(), scale, _causal_tail(n, ctx))
-    torch.testing.assert_close(got.double(), want, atol=6e-3, rtol=1e-2)
-    assert torch.equal(native.attend(lib, q[-1:], k, v, scale, bf16=True, engine="amx")[0], got[-1])
-    assert torch.equal(native.attend(lib, q[-21:], k, v, scale, bf16=True, engine="amx"), got[-21:])
+    kwargs = dict(bf16=True, engine=engine) if bf16 else {}
+    got = native.attend(lib, q, k, v, scale, **kwargs)
+    want = _dense_attention((q.bfloat16() if bf16 else q).float(), k.float(), v.float(), scale, _causal_tail(n, ctx))
+    if bf16:
+        torch.testing.assert_close(got.double(), want, atol=6e-3, rtol=1e-2)
+    else:
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+    assert torch.equal(native.attend(lib, q[-1:], k, v, scale, **kwargs)[0], got[-1])
+    assert torch.equal(native.attend(lib, q[-21:], k, v, scale, **kwargs), got[-21:])
 
 
 def test_a_rows_result_does_not_depend_on_its_chunk(lib):
