@@ -102,7 +102,6 @@ static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, 
     }
 }
 
-
 /* e^x for x <= 0 on 16 lanes, within an ulp or two: prompt_exp's polynomial in fused
  * multiply-adds, and 2^n applied by VSCALEFPS, in half its instructions. The exponentials are
  * much of the softmax's work, and its probabilities are rounded to bf16 on the bf16 paths. */
