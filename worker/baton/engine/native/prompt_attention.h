@@ -18,6 +18,7 @@
  */
 #define PROMPT_TASK_ROWS 64 /* query rows a task holds: (chunk rows) x (query heads of one KV head) */
 #define PROMPT_MAX_DIM 128
+#define PROMPT_LANES 16 /* query rows the softmax takes at once: an AVX-512 register's lanes */
 /* `bf16_products`: which products (baton_prompt_attention's argument) */
 #define PROMPT_FLOAT32 0
 #define PROMPT_BF16_ANY 1    /* AMX tiles where they run this head size, else VDPBF16PS */
@@ -134,7 +135,7 @@ static inline __m512 prompt_exp_fused(__m512 x) {
  * scores pass it by PROMPT_RESCALE_ABOVE (or it had none). Returns the rows whose reference
  * rose, with `keep` the factor their sums so far are to be scaled by (0 where there were
  * none; 1 in the other lanes). */
-static inline __mmask16 prompt_block_reference(const float st[][16], int keys, int64_t kb, int64_t everyone,
+static inline __mmask16 prompt_block_reference(const float st[][PROMPT_LANES], int keys, int64_t kb, int64_t everyone,
                                                __mmask16 rows_here, __m512i positions, __m512 scale,
                                                __mmask16 seen_by[], __m512 *reference, __m512 *keep) {
     const __m512 none = _mm512_set1_ps(-INFINITY);
@@ -154,6 +155,33 @@ static inline __mmask16 prompt_block_reference(const float st[][16], int keys, i
         *reference = raised;
     }
     return rise;
+}
+
+/* The block's probabilities e^(scale st[j] - reference), zero where a row does not see key j,
+ * for its first `keys` keys: as bf16 pairs of keys into pt (pair j / 2, each lane a row's
+ * two) where pt is given, else as float32 over the scores in st (a pair past `keys` zero
+ * either way). Returns their sums by row. */
+static inline __m512 prompt_block_probabilities(float st[][PROMPT_LANES], int keys, const __mmask16 seen_by[],
+                                                __m512 scale, __m512 reference, uint32_t pt[][PROMPT_LANES]) {
+    const __m512 shift = _mm512_sub_ps(_mm512_setzero_ps(), reference);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < keys; j += 2) {
+        const __m512 e0 = _mm512_maskz_mov_ps(
+            seen_by[j], prompt_exp_fused(_mm512_fmadd_ps(_mm512_load_ps(st[j]), scale, shift)));
+        const __m512 e1 = j + 1 < keys ? _mm512_maskz_mov_ps(seen_by[j + 1], prompt_exp_fused(_mm512_fmadd_ps(
+                                                                 _mm512_load_ps(st[j + 1]), scale, shift)))
+                                       : _mm512_setzero_ps();
+        sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+        if (pt) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+            _mm512_store_si512(pt[j / 2], _mm512_permutexvar_epi16(BF16_INTERLEAVE, (__m512i)_mm512_cvtne2ps_pbh(e1, e0)));
+#endif
+        } else {
+            _mm512_store_ps(st[j], e0);
+            _mm512_store_ps(st[j + 1], e1);
+        }
+    }
+    return sum;
 }
 
 #include "prompt_attention_lanes.h"

@@ -23,7 +23,6 @@
  * address.
  * Included by prompt_attention.h inside its AVX-512 section.
  */
-#define PROMPT_LANE_ROWS 16 /* task rows a register's lanes hold */
 #define PROMPT_LANE_KEYS 16 /* keys scored at once: one accumulator each */
 
 /* Block `block` of KV head kvh into a->keys and a->values (see above); zero past ctx. */
@@ -58,7 +57,7 @@ static void prompt_lay_out_block(const PromptAttention *a, int kvh, int64_t bloc
 /* The scores of keys k0..k0 + 15 of a block for the 16 rows: st[k0 + j] = key j . queries.
  * qt holds the queries transposed (float32 [dim][16], scaled; bf16 pairs [dim / 2][16]). */
 static inline void prompt_lane_scores(const PromptAttention *a, int64_t at, int k0, const float *qt,
-                                      float st[][PROMPT_LANE_ROWS]) {
+                                      float st[][PROMPT_LANES]) {
     const int dim = a->dim;
     __m512 s[PROMPT_LANE_KEYS];
     for (int j = 0; j < PROMPT_LANE_KEYS; j++) s[j] = _mm512_setzero_ps();
@@ -67,7 +66,7 @@ static inline void prompt_lane_scores(const PromptAttention *a, int64_t at, int 
         const uint32_t *kp = (const uint32_t *)((const uint16_t *)a->keys + at) + k0;
         const uint32_t *qp = (const uint32_t *)qt;
         for (int i = 0; i < dim / 2; i++, kp += ATTENTION_TOKENS) {
-            const __m512bh x = (__m512bh)_mm512_load_si512(qp + PROMPT_LANE_ROWS * i);
+            const __m512bh x = (__m512bh)_mm512_load_si512(qp + PROMPT_LANES * i);
             for (int j = 0; j < PROMPT_LANE_KEYS; j++)
                 s[j] = _mm512_dpbf16_ps(s[j], x, (__m512bh)_mm512_set1_epi32((int)kp[j]));
         }
@@ -75,7 +74,7 @@ static inline void prompt_lane_scores(const PromptAttention *a, int64_t at, int 
     } else {
         const float *kt = (const float *)a->keys + at + k0;
         for (int d = 0; d < dim; d++, kt += ATTENTION_TOKENS) {
-            const __m512 x = _mm512_load_ps(qt + PROMPT_LANE_ROWS * d);
+            const __m512 x = _mm512_load_ps(qt + PROMPT_LANES * d);
             for (int j = 0; j < PROMPT_LANE_KEYS; j++) s[j] = _mm512_fmadd_ps(x, _mm512_set1_ps(kt[j]), s[j]);
         }
     }
@@ -86,8 +85,8 @@ static inline void prompt_lane_scores(const PromptAttention *a, int64_t at, int 
  * every head dimension d, 16 at a time in registers. Probabilities: float32 pf[key][16], or
  * bf16 pairs pp[key pair][16] (keys rounded up to a pair; a pair past the block's keys is
  * zero). */
-static inline void prompt_lane_values(const PromptAttention *a, int64_t at, int keys, const float pf[][PROMPT_LANE_ROWS],
-                                      const uint32_t pp[][PROMPT_LANE_ROWS], float acc[][PROMPT_LANE_ROWS]) {
+static inline void prompt_lane_values(const PromptAttention *a, int64_t at, int keys, const float pf[][PROMPT_LANES],
+                                      const uint32_t pp[][PROMPT_LANES], float acc[][PROMPT_LANES]) {
     const int dim = a->dim;
     (void)pp; /* unread where the build has no bf16 products */
     for (int c = 0; c < dim; c += 16) {
@@ -116,31 +115,28 @@ static inline void prompt_lane_values(const PromptAttention *a, int64_t at, int 
 /* One task: KV head kvh, chunk rows r0..r0 + rows - 1 of each of its query heads (task row
  * t = head-in-group * rows + chunk row), 16 task rows at a time. */
 static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int rows) {
-    float qt[PROMPT_MAX_DIM][PROMPT_LANE_ROWS] __attribute__((aligned(64)));  /* queries transposed */
-    float acc[PROMPT_MAX_DIM][PROMPT_LANE_ROWS] __attribute__((aligned(64))); /* value sums: dim d, row n */
-    float st[ATTENTION_TOKENS][PROMPT_LANE_ROWS] __attribute__((aligned(64))); /* scores, float32 probabilities */
-    uint32_t pt[ATTENTION_TOKENS / 2][PROMPT_LANE_ROWS] __attribute__((aligned(64))); /* bf16 probability pairs */
+    float qt[PROMPT_MAX_DIM][PROMPT_LANES] __attribute__((aligned(64)));  /* queries transposed */
+    float acc[PROMPT_MAX_DIM][PROMPT_LANES] __attribute__((aligned(64))); /* value sums: dim d, row n */
+    float st[ATTENTION_TOKENS][PROMPT_LANES] __attribute__((aligned(64))); /* scores, float32 probabilities */
+    uint32_t pt[ATTENTION_TOKENS / 2][PROMPT_LANES] __attribute__((aligned(64))); /* bf16 probability pairs */
     const int dim = a->dim, group = a->num_heads / a->num_kv_heads, all = group * rows, bf16 = a->bf16_products;
     const int64_t first = (int64_t)a->ctx - a->n + r0; /* the position of chunk row r0 */
     /* bf16 scores are scaled after their products; float32 ones come scaled (the queries are) */
     const __m512 scale = _mm512_set1_ps(bf16 ? a->scale : 1.0f);
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-    const __m512i interleave = BF16_INTERLEAVE;
-#endif
-    for (int t0 = 0; t0 < all; t0 += PROMPT_LANE_ROWS) {
-        const int count = all - t0 < PROMPT_LANE_ROWS ? all - t0 : PROMPT_LANE_ROWS;
+    for (int t0 = 0; t0 < all; t0 += PROMPT_LANES) {
+        const int count = all - t0 < PROMPT_LANES ? all - t0 : PROMPT_LANES;
         const __mmask16 rows_here = (__mmask16)((1u << count) - 1);
-        int32_t position[PROMPT_LANE_ROWS] __attribute__((aligned(64)));
+        int32_t position[PROMPT_LANES] __attribute__((aligned(64)));
         int64_t seen = 0, everyone = INT64_MAX; /* the last key any row sees; all rows see keys up to `everyone` */
-        memset(qt, 0, sizeof(float) * PROMPT_LANE_ROWS * dim); /* lanes past the task's: zero queries, no keys */
-        for (int n = 0; n < PROMPT_LANE_ROWS; n++) {
+        memset(qt, 0, sizeof(float) * PROMPT_LANES * dim); /* lanes past the task's: zero queries, no keys */
+        for (int n = 0; n < PROMPT_LANES; n++) {
             position[n] = -1;
             if (n >= count) continue;
             const int t = t0 + n, h = kvh * group + t / rows, r = t % rows;
             const float *row = a->q + (int64_t)(r0 + r) * a->q_stride + (int64_t)h * dim;
             if (bf16)
                 for (int i = 0; i < dim / 2; i++)
-                    ((uint32_t *)qt)[i * PROMPT_LANE_ROWS + n] =
+                    ((uint32_t *)qt)[i * PROMPT_LANES + n] =
                         (uint32_t)f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
             else
                 for (int d = 0; d < dim; d++) qt[d][n] = row[d] * a->scale;
@@ -150,7 +146,7 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
         }
         const __m512i positions = _mm512_load_si512(position);
         __m512 reference = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps(); /* each row's exponent reference, sum */
-        memset(acc, 0, sizeof(float) * PROMPT_LANE_ROWS * dim);
+        memset(acc, 0, sizeof(float) * PROMPT_LANES * dim);
         for (int64_t kb = 0; kb <= seen; kb += ATTENTION_TOKENS) {
             const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
             /* keys past `seen` no row sees: their scores stay unread, their probabilities zero */
@@ -163,28 +159,11 @@ static void prompt_attention_task(const PromptAttention *a, int kvh, int r0, int
                 if (kb) /* before the first block the sums are zero */
                     for (int d = 0; d < dim; d++) _mm512_store_ps(acc[d], _mm512_mul_ps(_mm512_load_ps(acc[d]), keep));
             }
-            const __m512 shift = _mm512_sub_ps(_mm512_setzero_ps(), reference);
-            __m512 sum = _mm512_setzero_ps();
-            for (int j = 0; j < keys; j += 2) {
-                const __m512 e0 = _mm512_maskz_mov_ps(
-                    seen_by[j], prompt_exp_fused(_mm512_fmadd_ps(_mm512_load_ps(st[j]), scale, shift)));
-                const __m512 e1 = j + 1 < keys ? _mm512_maskz_mov_ps(seen_by[j + 1], prompt_exp_fused(_mm512_fmadd_ps(
-                                                                         _mm512_load_ps(st[j + 1]), scale, shift)))
-                                               : _mm512_setzero_ps();
-                sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-                if (bf16) {
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-                    _mm512_store_si512(pt[j / 2], _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(e1, e0)));
-#endif
-                } else {
-                    _mm512_store_ps(st[j], e0);
-                    _mm512_store_ps(st[j + 1], e1);
-                }
-            }
-            total = _mm512_add_ps(total, sum);
+            /* bf16 probabilities in pairs for VDPBF16PS; float32 ones over the scores */
+            total = _mm512_add_ps(total, prompt_block_probabilities(st, keys, seen_by, scale, reference, bf16 ? pt : NULL));
             prompt_lane_values(a, at, keys, st, pt, acc);
         }
-        float inverse[PROMPT_LANE_ROWS] __attribute__((aligned(64)));
+        float inverse[PROMPT_LANES] __attribute__((aligned(64)));
         _mm512_store_ps(inverse, _mm512_div_ps(_mm512_set1_ps(1.0f), total));
         for (int n = 0; n < count; n++) { /* row n's sums, down column n of acc */
             const int t = t0 + n, h = kvh * group + t / rows, r = t % rows;

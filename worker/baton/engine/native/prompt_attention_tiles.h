@@ -20,7 +20,6 @@
  * scores, 2 keys or values, 3 queries or probabilities, 4-7 value sums.
  * Included by prompt_attention.h inside its AMX section.
  */
-#define PROMPT_TILE_ROWS 16 /* task rows a tile holds: a register's lanes */
 
 /* Block `block` of KV head kvh into a->keys ([32][dim]) and a->values ([dim][32]) in bf16
  * (rounded to nearest even by VCVTNE2PS2BF16, as the bf16 products' other operands are). */
@@ -70,7 +69,7 @@ static inline void prompt_sum_tile_add(int c) {
 
 /* The value sums of one tile of rows, each row's scaled by its lane of `keep`: in `acc`, or
  * (`resident`) in tiles 4 on, through `acc`. */
-static inline void prompt_rescale_sums(float acc[][PROMPT_TILE_ROWS], int dim, __m512 keep, int resident) {
+static inline void prompt_rescale_sums(float acc[][PROMPT_LANES], int dim, __m512 keep, int resident) {
     if (resident)
         for (int c = 0; c < dim / 16; c++) prompt_sum_tile_store(c, acc[16 * c]);
     for (int d = 0; d < dim; d++) _mm512_store_ps(acc[d], _mm512_mul_ps(_mm512_load_ps(acc[d]), keep));
@@ -82,26 +81,25 @@ static inline void prompt_rescale_sums(float acc[][PROMPT_TILE_ROWS], int dim, _
  * query heads, 16 task rows a tile. */
 static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0, int rows) {
     /* queries as bf16 pairs, transposed: part p (32 values), pair i, task row n */
-    uint32_t qt[PROMPT_MAX_DIM / 32][16][PROMPT_TILE_ROWS] __attribute__((aligned(64)));
-    float acc[PROMPT_MAX_DIM][PROMPT_TILE_ROWS] __attribute__((aligned(64))); /* value sums: dim d, row n */
-    float st[ATTENTION_TOKENS][PROMPT_TILE_ROWS] __attribute__((aligned(64))); /* scores: key j, row n */
-    uint32_t pt[ATTENTION_TOKENS / 2][PROMPT_TILE_ROWS] __attribute__((aligned(64))); /* probability pairs */
+    uint32_t qt[PROMPT_MAX_DIM / 32][16][PROMPT_LANES] __attribute__((aligned(64)));
+    float acc[PROMPT_MAX_DIM][PROMPT_LANES] __attribute__((aligned(64))); /* value sums: dim d, row n */
+    float st[ATTENTION_TOKENS][PROMPT_LANES] __attribute__((aligned(64))); /* scores: key j, row n */
+    uint32_t pt[ATTENTION_TOKENS / 2][PROMPT_LANES] __attribute__((aligned(64))); /* probability pairs */
     const int dim = a->dim, group = a->num_heads / a->num_kv_heads, all = group * rows;
     const int64_t first = (int64_t)a->ctx - a->n + r0;
     const __m512 scale = _mm512_set1_ps(a->scale), none = _mm512_set1_ps(-INFINITY);
-    const __m512i interleave = BF16_INTERLEAVE;
     /* 16 lanes a tile row apart: down one column of a [..][16] array of 4-byte values */
     const __m512i across = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                              _mm512_set1_epi32(PROMPT_TILE_ROWS));
+                                              _mm512_set1_epi32(PROMPT_LANES));
     const int resident = dim / 16 <= PROMPT_SUM_TILES; /* else the sums of each block added in memory */
-    float pv[16][PROMPT_TILE_ROWS] __attribute__((aligned(64)));
-    for (int t0 = 0; t0 < all; t0 += PROMPT_TILE_ROWS) {
-        const int count = all - t0 < PROMPT_TILE_ROWS ? all - t0 : PROMPT_TILE_ROWS;
+    float pv[16][PROMPT_LANES] __attribute__((aligned(64)));
+    for (int t0 = 0; t0 < all; t0 += PROMPT_LANES) {
+        const int count = all - t0 < PROMPT_LANES ? all - t0 : PROMPT_LANES;
         const __mmask16 rows_here = (__mmask16)((1u << count) - 1);
-        int32_t position[PROMPT_TILE_ROWS] __attribute__((aligned(64)));
+        int32_t position[PROMPT_LANES] __attribute__((aligned(64)));
         int64_t seen = 0, everyone = INT64_MAX; /* the last key any row sees; all rows see keys up to `everyone` */
-        if (count < PROMPT_TILE_ROWS) memset(qt, 0, sizeof(qt[0]) * (dim / 32));
-        for (int n = 0; n < PROMPT_TILE_ROWS; n++) {
+        if (count < PROMPT_LANES) memset(qt, 0, sizeof(qt[0]) * (dim / 32));
+        for (int n = 0; n < PROMPT_LANES; n++) {
             position[n] = -1; /* rows past the task's: no key, zero queries, dropped */
             if (n >= count) continue;
             const int t = t0 + n, h = kvh * group + t / rows, r = t % rows;
@@ -119,7 +117,7 @@ static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0,
         if (resident)
             for (int c = 0; c < dim / 16; c++) prompt_sum_tile_zero(c);
         else
-            memset(acc, 0, sizeof(float) * PROMPT_TILE_ROWS * dim);
+            memset(acc, 0, sizeof(float) * PROMPT_LANES * dim);
         for (int64_t kb = 0; kb <= seen; kb += ATTENTION_TOKENS) {
             const int64_t at = prompt_block_at(a, kvh, kb / ATTENTION_TOKENS);
             const uint16_t *keys = (const uint16_t *)a->keys + at, *values = (const uint16_t *)a->values + at;
@@ -141,18 +139,7 @@ static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0,
                 total = _mm512_mul_ps(total, keep);
                 if (kb) prompt_rescale_sums(acc, dim, keep, resident); /* before the first block they are zero */
             }
-            const __m512 shift = _mm512_sub_ps(_mm512_setzero_ps(), reference);
-            __m512 sum = _mm512_setzero_ps();
-            for (int jp = 0; jp < ATTENTION_TOKENS / 2; jp++) {
-                const int j = 2 * jp;
-                const __m512 e0 = _mm512_maskz_mov_ps(
-                    seen_by[j], prompt_exp_fused(_mm512_fmadd_ps(_mm512_load_ps(st[j]), scale, shift)));
-                const __m512 e1 = _mm512_maskz_mov_ps(
-                    seen_by[j + 1], prompt_exp_fused(_mm512_fmadd_ps(_mm512_load_ps(st[j + 1]), scale, shift)));
-                sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-                _mm512_store_si512(pt[jp], _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(e1, e0)));
-            }
-            total = _mm512_add_ps(total, sum);
+            total = _mm512_add_ps(total, prompt_block_probabilities(st, ATTENTION_TOKENS, seen_by, scale, reference, pt));
             _tile_loadd(3, pt[0], 64);
             for (int c = 0; c < dim / 16; c++) { /* head values 16c..16c + 15 */
                 _tile_loadd(2, values + 16 * c * ATTENTION_TOKENS, 2 * ATTENTION_TOKENS);
@@ -169,7 +156,7 @@ static void prompt_attention_task_amx(const PromptAttention *a, int kvh, int r0,
         }
         if (resident)
             for (int c = 0; c < dim / 16; c++) prompt_sum_tile_store(c, acc[16 * c]);
-        float inverse[PROMPT_TILE_ROWS] __attribute__((aligned(64)));
+        float inverse[PROMPT_LANES] __attribute__((aligned(64)));
         _mm512_store_ps(inverse, _mm512_div_ps(_mm512_set1_ps(1.0f), total));
         for (int n = 0; n < count; n++) { /* row n's sums, down column n of acc */
             const int t = t0 + n, h = kvh * group + t / rows, r = t % rows;
