@@ -123,6 +123,34 @@ def test_the_routers_stall_weight_must_be_a_number_at_least_zero(weight):
         router_app("--stall-weight", weight)
 
 
+@pytest.mark.parametrize("threshold", ["-3", "nan", "abc"])
+def test_the_routers_threshold_must_be_tokens_or_auto(threshold):
+    with pytest.raises(SystemExit, match=f"must be >= 0 tokens or 'auto', got '{threshold}'"):
+        router_app("--disagg-threshold", threshold)
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--disagg-threshold", "abc"], "threshold must be >= 0 tokens or 'auto', got 'abc'"),
+    (["--chunk-size", "-3"], "--chunk-size must be 0 .* got -3"),
+    (["--prefill", "-1"], "worker counts cannot be negative: --prefill -1"),
+    (["--colocated", "-2"], "worker counts cannot be negative: --colocated -2"),
+    (["--prefill", "2"], "needs at least one decode worker"),
+    (["--colocated", "2", "--decode-tp", "0"], "--prefill-tp and --decode-tp must be at least 1"),
+    (["--port", "70000"], "--port must be 0 .* got 70000"),
+])
+def test_a_stack_a_server_would_refuse_is_refused_before_anything_starts(argv, problem):
+    up = argparse.ArgumentParser()
+    add_arguments(up)
+    with pytest.raises(ValueError, match=problem):
+        spec_from_args(up.parse_args(argv)).check()
+
+
+def test_the_default_stacks_pass_the_check():
+    for spec in (StackSpec(), StackSpec(colocated=2, chunk_size=0, disagg_threshold="auto"),
+                 StackSpec(prefill=1, decode=2, port=0, disagg_threshold="256")):
+        spec.check()
+
+
 def test_the_routers_stall_weight_reaches_its_threshold(monkeypatch):
     from baton.router.threshold import DEFAULT_STALL_WEIGHT
 

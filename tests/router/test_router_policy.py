@@ -363,8 +363,9 @@ def test_the_prefill_workers_queue_and_shared_steps_are_not_fixed_overhead():
 def test_parse_threshold():
     assert parse_threshold("auto") is None and parse_threshold(None) is None
     assert parse_threshold("128") == 128.0
-    with pytest.raises(ValueError):
-        parse_threshold("-3")
+    for bad in ("-3", "nan", "abc", "12 tokens"):
+        with pytest.raises(ValueError, match=f"got '{bad}'"):
+            parse_threshold(bad)
 
 
 def test_worker_counters_and_deltas():

@@ -14,11 +14,15 @@ class WorkerPlan:
 
 
 def plan_roles(prefill: int, decode: int, colocated: int) -> list[str]:
+    counts = {"--prefill": prefill, "--decode": decode, "--colocated": colocated}
+    negative = [f"{flag} {count}" for flag, count in counts.items() if count < 0]
+    if negative:
+        raise ValueError(f"worker counts cannot be negative: {', '.join(negative)}")
     if colocated and (prefill or decode):
         raise ValueError("use either --colocated N or --prefill N --decode M, not both")
     if colocated:
         return ["both"] * colocated
-    if prefill < 0 or decode < 0 or (prefill and not decode):
+    if prefill and not decode:
         raise ValueError("a disaggregated stack needs at least one decode worker")
     if not prefill and not decode:
         return ["prefill", "decode"]  # the default: one of each

@@ -23,6 +23,7 @@ from baton.local.plan import WorkerPlan, plan_roles, plan_workers, ray_cpus, wor
 from baton.local.process_actor import ServerProcess
 from baton.local.restart import Backoff
 from baton.local.supervisor import Liveness, Supervisor
+from baton.router.threshold import parse_threshold
 
 WORKER_MODULE = "baton.server.main"
 ROUTER_MODULE = "baton.router.main"
@@ -48,6 +49,16 @@ class StackSpec:
     restart: bool = True  # restart a server process that exits, as a kubelet does
     backoff: Backoff = field(default_factory=Backoff)
     liveness: Liveness = field(default_factory=Liveness)
+
+    def check(self) -> None:
+        """Raise ValueError naming a setting the servers would refuse, before any starts (a
+        server that exits on one leaves only its log to say why)."""
+        plan_workers(plan_roles(self.prefill, self.decode, self.colocated), [], self.prefill_tp, self.decode_tp)
+        if self.chunk_size is not None and self.chunk_size < 0:
+            raise ValueError(f"--chunk-size must be 0 (whole prompts) or a number of tokens, got {self.chunk_size}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be 0 (any free one) to 65535, got {self.port}")
+        parse_threshold(self.disagg_threshold)
 
 
 @dataclass
@@ -155,6 +166,7 @@ class LocalStack:
     def start(self) -> LocalStack:
         import ray
 
+        self.spec.check()
         roles = plan_roles(self.spec.prefill, self.spec.decode, self.spec.colocated)
         plans = plan_workers(roles, sorted(os.sched_getaffinity(0)), self.spec.prefill_tp, self.spec.decode_tp,
                              convertible=self.spec.convertible)

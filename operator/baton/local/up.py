@@ -125,13 +125,15 @@ def catch_stop_signals(stop: threading.Event) -> None:
 
 
 def cpu_line() -> str:
-    """What the workers' `--dtype auto` means on this machine, and why."""
+    """What the workers' `--dtype auto` means on this machine, and why. Their kernels (the
+    quantized products' int8 or bf16 engine among them) are each worker's log's to name: they
+    follow the native library built there."""
     from baton.engine.cpu_features import auto_cpu_dtype, this_cpu
 
     dtype, why = auto_cpu_dtype(this_cpu())
-    prompts = " (prompt products in bfloat16)" if dtype == "bfloat16" else ""
+    prompts = " (prompt attention in bfloat16)" if dtype == "bfloat16" else ""
     return (f"CPU: {this_cpu().describe()}; --dtype auto runs {dtype} here ({why}), "
-            f"float32 where the weights stay quantized{prompts}")
+            f"float32 where the weights stay quantized{prompts}; each worker's log names its kernels")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = autoscale_settings(args) if args.autoscale else None
         spec = spec_from_args(args)
+        spec.check()
     except ValueError as e:
         print(f"baton up: {e}", file=sys.stderr)
         return 2

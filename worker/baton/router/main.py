@@ -87,7 +87,7 @@ def build_app(args: argparse.Namespace):
     if args.reserve_wait is not None and not args.reserve_wait > 0:
         raise SystemExit(f"--reserve-wait must be a positive number of seconds, got {args.reserve_wait}")
     try:
-        stall_weight = parse_stall_weight(args.stall_weight)
+        stall_weight, threshold = parse_stall_weight(args.stall_weight), parse_threshold(args.disagg_threshold)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     deadlines = Deadlines() if args.reserve_wait is None else Deadlines(reserve_wait_s=args.reserve_wait)
@@ -95,7 +95,7 @@ def build_app(args: argparse.Namespace):
     config = RouterConfig(
         block_size=args.block_size, api_key=args.api_key or None,
         internal_token=os.environ.get("BATON_INTERNAL_TOKEN"),
-        disagg_threshold=parse_threshold(args.disagg_threshold), stall_weight=stall_weight,
+        disagg_threshold=threshold, stall_weight=stall_weight,
         max_running=args.max_running, max_waiting=args.max_waiting, poll_interval_s=args.poll_interval,
         max_body_bytes=args.max_body_bytes, reserve_headroom_tokens=args.reserve_headroom_tokens,
         deadlines=deadlines, prefix_affinity=args.decode_routing == "prefix")

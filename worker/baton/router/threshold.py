@@ -88,7 +88,10 @@ def parse_threshold(value: str | int | float | None) -> float | None:
     """`auto` (or empty) -> None; a number of tokens -> that number."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
     if number < 0 or math.isnan(number):
         raise ValueError(f"the disaggregation threshold must be >= 0 tokens or 'auto', got {value!r}")
     return number
