@@ -87,6 +87,23 @@ def test_auto_serves_the_checkpoints_blocks_with_no_full_precision_matrix(quanti
     assert quantized.runner.native is not None and quantized.runner.native.quantized
 
 
+def test_the_native_matrices_read_the_weights_from_one_mapping(quantized):
+    """Gathered after loading (native/huge_pages.py): every part in one span, and each native
+    matrix pointing at its weight's parts, not at the copies they replaced."""
+    if "2 MiB pages" not in quantized.runner.quantization:
+        pytest.skip(f"weights not gathered here: {quantized.runner.quantization}")
+    weights = {id(m): m for m in quantized.runner.model.modules() if isinstance(m, QuantizedWeight)}.values()
+    parts = [p for w in weights for p in w.parts]
+    low, high = min(p.data_ptr() for p in parts), max(p.data_ptr() + p.nbytes for p in parts)
+    assert high - low < sum(p.nbytes for p in parts) + 64 * len(parts)
+    for w in weights:
+        matrix = w.native_matrix
+        assert [matrix.parts[i].data for i in range(matrix.count)] == [p.data_ptr() for p in w.parts]
+    o_proj = quantized.runner.model.layers[0].o_proj
+    with pytest.raises(ValueError, match="must match the parts' shapes and dtypes"):
+        o_proj.replace_parts([torch.zeros(3, dtype=torch.uint8)])
+
+
 def test_agreement_with_the_float32_path_on_held_out_text(quantized, full_precision):
     ids = full_precision.tokenizer.encode(HELD_OUT)
     assert len(ids) > 100

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -148,6 +149,22 @@ def row_tiles(model) -> RowTiles | None:
     return RowTiles(PANEL_ROW_TILE[engine], PANEL_MIN_ROWS[engine])
 
 
+def gather_into_huge_pages(weights: list[QuantizedWeight]) -> str:
+    """Every part of `weights` moved into one mapping of huge pages (native/huge_pages.py);
+    how it went."""
+    from baton.engine.native.huge_pages import gather, release_freed_memory
+
+    parts = [p for w in weights for p in w.parts]
+    copies, how = gather(parts, os.environ.get("BATON_WEIGHT_HUGE_PAGES", ""))
+    if copies is not parts:
+        del parts
+        for w in weights:
+            w.replace_parts(copies[:len(w.parts)])
+            copies = copies[len(w.parts):]
+        release_freed_memory()
+    return how
+
+
 def quantized_weights(model) -> list[QuantizedWeight]:
     seen: dict[int, QuantizedWeight] = {}
     for module in model.modules():
@@ -192,10 +209,11 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
                                               asked_products=asked_products)
             for w in weights:
                 w.use_native(lib, dense)
+            pages = gather_into_huge_pages(weights)
             name = kernel_name(lib)
             tiles = "" if dense.engine else f"tiles dequantized ({dequantize_kernel_name(lib)}), "
             how = (f"native {name} kernels ({KERNELS.get(name, name)}) on {this_cpu().describe()}; "
-                   f"prompt chunks: {tiles}{dense_why}")
+                   f"prompt chunks: {tiles}{dense_why}; {pages}")
     log.info("quantization %s: the checkpoint's blocks as they are (%s; %.0f MB); products: %s",
              setting, held, megabytes, how)
     return how

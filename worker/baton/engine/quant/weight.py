@@ -136,6 +136,19 @@ class QuantizedWeight(nn.Module):
         self._matrix = native_quant.matrix(
             self.k, [(t, f.ggml_type, r) for t, f, r in zip(self.parts, self.formats, self.part_rows)])
 
+    def replace_parts(self, tensors: list[torch.Tensor]) -> None:
+        """Hold `tensors` (copies of the parts, same shapes and dtypes) as the parts, the
+        native matrix pointing at them."""
+        if [(t.shape, t.dtype) for t in tensors] != [(p.shape, p.dtype) for p in self.parts]:
+            raise ValueError("replacement parts must match the parts' shapes and dtypes")
+        for i, tensor in enumerate(tensors):
+            setattr(self, f"part{i}", tensor)
+        if self._matrix is not None:
+            from baton.engine.native import quant as native_quant
+
+            self._matrix = native_quant.matrix(
+                self.k, [(t, f.ggml_type, r) for t, f, r in zip(self.parts, self.formats, self.part_rows)])
+
     @property
     def native_matrix(self):
         """The ctypes QuantMatrix of the interleaved blocks (None before `use_native`)."""
