@@ -1,11 +1,11 @@
-"""Do the quantized weights gathered into huge pages (native/huge_pages.py) make steps faster?
+"""Do the quantized weights in huge pages (native/huge_pages.py) make steps faster?
 
-Two engines on the bundled model in one process, one with its weights in one mapping
-advised for 2 MiB pages, one in the allocator's pages (BATON_WEIGHT_HUGE_PAGES=0), taking
-turns `--rounds` times, so drift hits both alike: decode steps of 1 and 8 rows over 256-320
-tokens of context (the median of `--decode-tokens` steps timed one by one), and a 256-token
-prompt. Each cell: best and median over the rounds; the ratios are the gathered engine's
-time over the other's.
+Two engines on the bundled model in one process, one with its weights gathered into one
+mapping advised for 2 MiB pages, one with them in the allocator's pages (BATON_HUGE_PAGES=0),
+taking turns `--rounds` times, so drift hits both alike: decode steps of 1 and 8 rows over
+256-320 tokens of context (the median of `--decode-tokens` steps timed one by one), and a
+256-token prompt. Each cell: best and median over the rounds; the ratios are the first
+engine's time over the other's.
 
     .venv/bin/python bench/decode_pages.py --out bench/results/decode_pages.json
 """
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-SETTINGS = {"huge_pages": "1", "allocator_pages": "0"}
 
 
 def main() -> None:
@@ -41,12 +40,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     machine = machine_record(args.threads)
     engines, how = {}, {}
-    for name, setting in SETTINGS.items():
-        os.environ["BATON_WEIGHT_HUGE_PAGES"] = setting
+    for name, setting in {"huge_pages": "1", "allocator_pages": "0"}.items():
+        os.environ["BATON_HUGE_PAGES"] = setting
         engines[name] = Engine(dtype="auto", quantization="auto", kv_cache_memory_gb=0.5, threads=args.threads,
                                enable_prefix_caching=False)
         how[name] = engines[name].runner.quantization
-    os.environ.pop("BATON_WEIGHT_HUGE_PAGES")
+    os.environ.pop("BATON_HUGE_PAGES")
     rng = random.Random(0)
 
     def prompts(rows: int, tokens: int) -> list[list[int]]:

@@ -9,6 +9,7 @@ from baton.engine.native.huge_pages import (
     HUGE_PAGE,
     aligned_offsets,
     gather,
+    parse_setting,
     this_thp_mode,
     thp_mode,
 )
@@ -60,7 +61,21 @@ def test_copies_in_one_mapping_the_kernel_may_back_with_huge_pages():
     assert not torch.equal(copies[1], tensors[1])  # copies, not views
 
 
-def test_off_when_asked_or_where_the_kernel_has_none():
+def test_the_setting_is_on_or_off():
+    assert parse_setting("") and parse_setting("1") and parse_setting(" 1 ") and not parse_setting("0")
+    with pytest.raises(ValueError, match="BATON_HUGE_PAGES must be 1 or 0, got 'yes'"):
+        parse_setting("yes")
+
+
+def test_off_when_the_setting_says_so():
     tensors = [torch.zeros(4)]
-    same, how = gather(tensors, setting="0")
-    assert same is tensors and "BATON_WEIGHT_HUGE_PAGES=0" in how
+    same, how = gather(tensors, enabled=False)
+    assert same is tensors and "BATON_HUGE_PAGES=0" in how
+
+
+def test_a_misspelt_setting_stops_the_engine_naming_it(monkeypatch):
+    from .conftest import make_engine
+
+    monkeypatch.setenv("BATON_HUGE_PAGES", "on")
+    with pytest.raises(ValueError, match="BATON_HUGE_PAGES must be 1 or 0, got 'on'"):
+        make_engine(quantization="auto")

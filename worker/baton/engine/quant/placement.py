@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -152,10 +151,10 @@ def row_tiles(model) -> RowTiles | None:
 def gather_into_huge_pages(weights: list[QuantizedWeight]) -> str:
     """Every part of `weights` moved into one mapping of huge pages (native/huge_pages.py);
     how it went."""
-    from baton.engine.native.huge_pages import gather, release_freed_memory
+    from baton.engine.native.huge_pages import gather, release_freed_memory, wanted
 
     parts = [p for w in weights for p in w.parts]
-    copies, how = gather(parts, os.environ.get("BATON_WEIGHT_HUGE_PAGES", ""))
+    copies, how = gather(parts, wanted())
     if copies is not parts:
         del parts
         for w in weights:
