@@ -5,9 +5,9 @@ A decode step streams every weight once. Loaded matrix by matrix, SmolLM2's 121 
 most are a page walk. Copied into one private anonymous mapping advised for transparent
 huge pages, they take about 50. On a Zen 4 core a decode step of 1 row took 0.95-0.96x the
 time, of 8 rows 0.97-0.98x, a 256-token prompt the same (medians of 7 rounds, two engines
-taking turns, two runs: bench/decode_pages.py). Where the kernel's setting is `never`, or the platform has no
-madvise, the copy is skipped. The process's resident memory is also smaller: the copies'
-sources go back to the system at once (release_freed_memory).
+taking turns, two runs: bench/decode_pages.py). Where the kernel's setting is `never`, or
+the platform has no madvise, the copy is skipped. The process's resident memory is also
+smaller: the copies' sources go back to the system at once (release_freed_memory).
 
 The KV cache was tried the same way, in a mapping of its own: no difference measured, with
 the weights in huge pages or without (decode steps 0.97-1.07x; bench/results/huge_pages_zen4/).

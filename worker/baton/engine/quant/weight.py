@@ -124,8 +124,6 @@ class QuantizedWeight(nn.Module):
     def use_native(self, lib, dense: DenseProducts | None = None) -> None:
         """Rearrange the blocks for the native kernels (once; the GGUF rows are dropped);
         products of `dense.min_rows` rows or more then run as dequantized tiles."""
-        from baton.engine.native import quant as native_quant
-
         if self.layout == "gguf":
             for i, fmt in enumerate(self.formats):
                 data = interleave(fmt, self.parts[i].numpy())
@@ -133,7 +131,13 @@ class QuantizedWeight(nn.Module):
             self.layout = "rows16"
         self._lib = lib
         self.dense = dense
-        self._matrix = native_quant.matrix(
+        self._matrix = self._native_view()
+
+    def _native_view(self):
+        """The ctypes QuantMatrix over the parts as they are now (they must outlive it)."""
+        from baton.engine.native import quant as native_quant
+
+        return native_quant.matrix(
             self.k, [(t, f.ggml_type, r) for t, f, r in zip(self.parts, self.formats, self.part_rows)])
 
     def replace_parts(self, tensors: list[torch.Tensor]) -> None:
@@ -144,10 +148,7 @@ class QuantizedWeight(nn.Module):
         for i, tensor in enumerate(tensors):
             setattr(self, f"part{i}", tensor)
         if self._matrix is not None:
-            from baton.engine.native import quant as native_quant
-
-            self._matrix = native_quant.matrix(
-                self.k, [(t, f.ggml_type, r) for t, f, r in zip(self.parts, self.formats, self.part_rows)])
+            self._matrix = self._native_view()
 
     @property
     def native_matrix(self):
