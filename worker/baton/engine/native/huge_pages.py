@@ -90,7 +90,7 @@ def gather(tensors: list[torch.Tensor], enabled: bool = True) -> tuple[list[torc
         flat = torch.from_numpy(region[start + offset: start + offset + tensor.nbytes])
         flat.copy_(tensor.contiguous().view(torch.uint8).reshape(-1))
         copies.append(flat.view(tensor.dtype).reshape(tensor.shape))
-    return copies, f"weights in one {total / 2**20:.0f} MB mapping advised for 2 MiB pages ({mode})"
+    return copies, f"weights in one mapping advised for 2 MiB pages ({mode})"
 
 
 def release_freed_memory() -> None:
