@@ -1,9 +1,10 @@
 """The quantized weights side by side in one mapping the kernel may back with 2 MiB pages.
 
 A decode step streams every weight once. Loaded matrix by matrix, SmolLM2's 121 matrices
-(92 MB) lie in 4 KiB pages, about 23,000 of them a step, more than the core's TLB holds, so
-most are a page walk. Copied into one private anonymous mapping advised for transparent
-huge pages, they take about 50. On a Zen 4 core a decode step of 1 row took 0.95-0.96x the
+(92 MB) lie mostly in 4 KiB pages (numpy advises huge pages itself only for arrays of 4 MB
+or more: here the 30 MB embedding alone), ~15,000 of them a step, more than the core's TLB
+holds, so most are a page walk. Copied into one private anonymous mapping advised for
+transparent huge pages, they take about 50. On a Zen 4 core a decode step of 1 row took 0.95-0.96x the
 time, of 8 rows 0.97-0.98x, a 256-token prompt the same (medians of 7 rounds, two engines
 taking turns, two runs: bench/decode_pages.py). Where the kernel's setting is `never`, or
 the platform has no madvise, the copy is skipped. The process's resident memory is also
