@@ -29,7 +29,9 @@ def cycle() -> None:
 def test_startup_objects_are_frozen_and_later_garbage_is_still_collected(unfrozen):
     kept = [Node() for _ in range(1000)]  # alive at startup: frozen
     report = freeze_startup_heap()
-    assert report["frozen_objects"] == gc.get_freeze_count() >= len(kept)
+    # a frozen object that dies leaves the count: the test process's other threads (earlier
+    # tests' servers) may free some between the report and this line
+    assert report["frozen_objects"] >= gc.get_freeze_count() >= len(kept)
     assert report["full_collection_ms"] >= 0 and report["full_collection_after_ms"] >= 0
     for _ in range(10):
         cycle()  # garbage made while serving
