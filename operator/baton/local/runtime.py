@@ -164,9 +164,9 @@ class LocalStack:
         return self.router.url if self.router else ""
 
     def start(self) -> LocalStack:
+        self.spec.check()  # before Ray is imported or started: a bad setting costs nothing
         import ray
 
-        self.spec.check()
         roles = plan_roles(self.spec.prefill, self.spec.decode, self.spec.colocated)
         plans = plan_workers(roles, sorted(os.sched_getaffinity(0)), self.spec.prefill_tp, self.spec.decode_tp,
                              convertible=self.spec.convertible)
