@@ -149,6 +149,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/engine.json")
     parser.add_argument("--sections", default="hf,llama_cpp", help="hf (dtypes vs HF), llama_cpp (quantized)")
     parser.add_argument("--llama-threads", default="1,2", help="thread counts of the llama.cpp comparison")
+    parser.add_argument("--model", default=None,
+                        help="GGUF file of the llama.cpp comparison (default: the bundled model)")
     args = parser.parse_args()
     args.llama_threads = [int(t) for t in args.llama_threads.split(",")]
     sections = set(args.sections.split(","))
@@ -159,7 +161,7 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {**machine_record(args.threads if args.device == "cpu" else None), "device": args.device},
         "settings": {k: getattr(args, k) for k in ("runs", "decode_tokens", "concurrency", "prefill_tokens",
-                                                  "sections", "llama_threads")},
+                                                  "sections", "llama_threads", "model")},
         "targets": TARGETS,
         "dtypes": {},
     }

@@ -110,6 +110,8 @@ def main() -> None:
     parser.add_argument("--generate-tokens", type=int, default=48)
     parser.add_argument("--hide-flags", default="",
                         help="comma-separated CPU flags the engine is not to see (e.g. avx512_bf16,amx_bf16)")
+    parser.add_argument("--model", default=None,
+                        help="GGUF file (default: the bundled model); its float32 reference is the same file dequantized")
     parser.add_argument("--out", default="bench/results/quant_quality.json")
     args = parser.parse_args()
     hidden = [f for f in args.hide_flags.split(",") if f]
@@ -118,11 +120,11 @@ def main() -> None:
     from baton.engine import Engine
 
     torch.set_num_threads(args.threads)
-    settings = dict(device="cpu", kv_cache_memory_gb=0.25, threads=args.threads, chunk_size=0)
+    settings = dict(model=args.model, device="cpu", kv_cache_memory_gb=0.25, threads=args.threads, chunk_size=0)
     reference = Engine(dtype="float32", quantization="none", **settings)
     texts = passages(reference.tokenizer, args.window)
     results = {"bench": "quant_quality", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "machine": machine_record(args.threads), "reference": "quantization=none, float32",
+               "machine": machine_record(args.threads), "model": args.model or "bundled", "reference": "quantization=none, float32",
                "target_agreement": TARGET_AGREEMENT, "sources": sorted(texts), "hidden_cpu_flags": hidden,
                "quantized": {}}
     for dtype in args.dtypes.split(","):

@@ -55,9 +55,9 @@ def run(args) -> dict:
     from baton.engine import Engine, SamplingParams
     from baton.engine.loader import bundled_model_path
 
-    path = bundled_model_path()
-    engine = Engine(dtype="float32", quantization="auto", device="cpu", chunk_size=0, max_num_seqs=8,
-                    kv_cache_memory_gb=0.25)
+    path = Path(args.model) if args.model else bundled_model_path()
+    engine = Engine(model=str(path), dtype="float32", quantization="auto", device="cpu", chunk_size=0,
+                    max_num_seqs=8, kv_cache_memory_gb=0.25)
     prompt = engine.tokenizer.encode(PROMPT)
     n = args.decode_tokens
     params = SamplingParams(max_tokens=n, ignore_eos=True)

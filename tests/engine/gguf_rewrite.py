@@ -1,6 +1,6 @@
 """Copies of the bundled GGUF with some tensors stored in other formats (dequantized, then
-quantized again by the gguf package) and only its first layers: small real files in
-formats the bundled model lacks."""
+quantized again by the gguf package, or for k-quants by kquant_encode) and only its first
+layers: small real files in formats the bundled model lacks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from baton.engine.loader import bundled_model_path
+
+from .kquant_encode import encode_q4_k, encode_q6_k
+
+_ENCODERS = {"Q4_K": encode_q4_k, "Q6_K": encode_q6_k}  # what the gguf package cannot write
 
 
 def rewrite_gguf(files: dict[Path, dict[str, str]], layers: int) -> None:
@@ -33,7 +37,10 @@ def rewrite_gguf(files: dict[Path, dict[str, str]], layers: int) -> None:
         for t in kept:
             if t.name in formats:
                 qtype = GGMLQuantizationType[formats[t.name]]
-                writer.add_tensor(t.name, quantize(dequantize(t.data, t.tensor_type), qtype), raw_dtype=qtype)
+                values = dequantize(t.data, t.tensor_type)
+                encode = _ENCODERS.get(qtype.name)
+                blocks = encode(values) if encode else quantize(values, qtype)
+                writer.add_tensor(t.name, blocks, raw_dtype=qtype)
             else:
                 writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
         writer.write_header_to_file()

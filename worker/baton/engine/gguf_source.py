@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +14,11 @@ from baton.engine.config import ModelConfig
 from baton.engine.gguf_file import read_gguf
 from baton.engine.quant.formats import FORMATS, format_named
 from baton.engine.quant.formats import dequantize as dequantize_blocks
+from baton.engine.quant.transcode import TARGET, transcode, transcoded_format
 from baton.engine.quant.weight import QuantizedTensor
 from baton.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 # GGUF tensor names -> HF names ("{i}" is the layer index)
 _LAYER_NAMES = {
@@ -124,14 +128,23 @@ def _kept_quantized(t) -> bool:
 
 
 def _check_formats(reader) -> None:
+    transcoded: dict[str, int] = {}
     for t in reader.tensors:
-        if _kept_quantized(t):
-            format_named(t.type_name, t.name)
+        if _kept_quantized(t) and transcoded_format(t.type_name):
+            transcoded[t.type_name] = transcoded.get(t.type_name, 0) + 1
+        elif _kept_quantized(t):
+            format_named(t.type_name, t.name, also=tuple(TARGET))
+    if transcoded:
+        log.info("GGUF formats without kernels of their own, rewritten at load: %s",
+                 ", ".join(f"{n} x {name} as {transcoded_format(name).name}" for name, n in sorted(transcoded.items())))
 
 
 def _quantized(t, config: ModelConfig) -> QuantizedTensor:
-    fmt = format_named(t.type_name, t.name)
     raw = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
+    if transcoded_format(t.type_name):
+        fmt, raw = transcode(t.type_name, raw, int(t.shape[0]))
+    else:
+        fmt = format_named(t.type_name, t.name, also=tuple(TARGET))
     heads = _permuted_heads(t.name, config)
     if heads:  # whole rows move: each row's blocks stay as they are
         raw = unpermute_rows(torch.from_numpy(np.array(raw)), heads).numpy()

@@ -47,14 +47,15 @@ FORMATS = {f.name: f for f in (
 BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 
 
-def format_named(name: str, tensor: str = "") -> BlockFormat:
-    """The format called `name` (ggml's spelling), or a clear error naming it."""
+def format_named(name: str, tensor: str = "", also: tuple[str, ...] = ()) -> BlockFormat:
+    """The format called `name` (ggml's spelling), or a clear error naming it and the
+    formats that are read (these and `also`, those a loader rewrites into these)."""
     fmt = FORMATS.get(name.upper())
     if fmt is None:
         where = f" (tensor {tensor})" if tensor else ""
         raise UnsupportedQuantization(
             f"quantization type {name}{where} has no quantized kernel here (supported: "
-            f"{', '.join(FORMATS)}); load the checkpoint with --quantization none to run it "
+            f"{', '.join([*FORMATS, *also])}); load the checkpoint with --quantization none to run it "
             "at full precision")
     return fmt
 

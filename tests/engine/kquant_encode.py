@@ -1,0 +1,55 @@
+"""Q4_K and Q6_K encoders for tests (the `gguf` package reads k-quants but cannot write them):
+plain min/max scales, laid out as ggml's ggml-common.h lays them out. Whether the layout is
+right is checked by reading the blocks back with the gguf package."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SUPER = 256
+
+
+def _half(values: np.ndarray) -> np.ndarray:
+    """float32 [...] -> ([..., 2] bytes of their float16, the float16 as float32)."""
+    half = values.astype(np.float16)
+    return half[..., None].view(np.uint8), half.astype(np.float32)
+
+
+def _divide(x: np.ndarray, by: np.ndarray) -> np.ndarray:
+    return np.divide(x, by, out=np.zeros(np.broadcast(x, by).shape, np.float32), where=by != 0)
+
+
+def encode_q4_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 256 * 144]: value = d sc q - dmin m per 32."""
+    rows, k = values.shape
+    x = values.reshape(rows, k // SUPER, 8, 32).astype(np.float32)
+    low = np.minimum(x.min(axis=-1), 0)
+    scale, least = (x.max(axis=-1) - low) / 15, -low
+    d_bytes, d = _half(scale.max(axis=-1) / 63)
+    m_bytes, dmin = _half(least.max(axis=-1) / 63)
+    sc = np.clip(np.rint(_divide(scale, d[..., None])), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(_divide(least, dmin[..., None])), 0, 63).astype(np.uint8)
+    step, base = d[..., None] * sc, dmin[..., None] * mn
+    q = np.clip(np.rint(_divide(x + base[..., None], step[..., None])), 0, 15).astype(np.uint8)
+    packed = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+                             (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], axis=-1)
+    qs = (q[..., 0::2, :] | (q[..., 1::2, :] << 4)).reshape(rows, k // SUPER, 128)
+    return np.concatenate([d_bytes, m_bytes, packed, qs], axis=-1).reshape(rows, -1)
+
+
+def encode_q6_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 256 * 210]: value = d sc (q - 32) per 16."""
+    rows, k = values.shape
+    x = values.reshape(rows, k // SUPER, 16, 16).astype(np.float32)
+    scale = np.abs(x).max(axis=-1) / 31
+    d_bytes, d = _half(scale.max(axis=-1) / 127)
+    sc = np.clip(np.rint(_divide(scale, d[..., None])), -128, 127).astype(np.int8)
+    step = d[..., None] * sc
+    q = np.clip(np.rint(_divide(x, step[..., None])) + 32, 0, 63).astype(np.uint8)
+    q = q.reshape(rows, k // SUPER, 2, 4, 32)  # halves of 128, in quarters of 32
+    low, high = q & 0x0F, q >> 4
+    ql = np.concatenate([low[..., 0, :] | (low[..., 2, :] << 4), low[..., 1, :] | (low[..., 3, :] << 4)], axis=-1)
+    qh = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (high[..., 3, :] << 6)
+    supers = k // SUPER
+    return np.concatenate([ql.reshape(rows, supers, 128), qh.reshape(rows, supers, 64),
+                           sc.view(np.uint8), d_bytes], axis=-1).reshape(rows, -1)

@@ -1,0 +1,76 @@
+"""The engine on a k-quant mix (`quantization="auto"`), as llama.cpp's Q4_K_M writes them:
+Q4_K and Q6_K where a matrix's width is a multiple of 256, Q5_0 and Q5_1 where it is not.
+Each is rewritten at load into a format with kernels (quant/transcode.py) and compared with
+the same file dequantized by the gguf package (`quantization="none"`)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch.nn.functional as F
+
+from baton.engine import SamplingParams
+from baton.engine.quant.weight import QuantizedWeight
+from baton.engine.scoring import prompt_logits
+
+from .conftest import PROMPTS, make_engine
+from .gguf_rewrite import rewrite_gguf
+from .test_quantized_engine import HELD_OUT
+
+MIX = {"blk.0.ffn_down.weight": "Q4_K", "blk.1.ffn_down.weight": "Q6_K", "blk.2.ffn_down.weight": "Q4_K",
+       "blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_1",  # Q and K rows are permuted in the file
+       "blk.1.ffn_up.weight": "Q5_1"}
+
+
+@pytest.fixture(scope="module")
+def kquant_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("gguf") / "kquant_mix.gguf"
+    rewrite_gguf({path: MIX}, layers=3)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(kquant_file):
+    return make_engine(model=kquant_file, quantization="none", num_kv_blocks=64)
+
+
+def test_a_kquant_mix_loads_into_kernel_formats_and_says_which(kquant_file, caplog):
+    with caplog.at_level(logging.INFO, logger="baton.engine.gguf_source"):
+        engine = make_engine(model=kquant_file, quantization="auto", num_kv_blocks=64)
+    assert "rewritten at load: 2 x Q4_K as Q4_1, 1 x Q5_0 as Q8_0, 2 x Q5_1 as Q8_0, 1 x Q6_K as Q8_0" in caplog.text
+    model = engine.runner.model
+    assert model.layers[0].down.describe() == "Q4_1" and model.layers[1].down.describe() == "Q8_0"
+    assert model.layers[0].qkv.describe() == "Q8_0+Q4_1"  # Q (Q5_0) and K (Q5_1) as one Q8_0 part, V as filed
+    assert model.layers[1].gate_up.describe() == "Q4_1+Q8_0"
+    assert all(isinstance(w, QuantizedWeight) for w in (model.layers[2].down, model.embed))
+    assert not [name for name, p in model.named_parameters() if p.dim() > 1]  # no full-precision matrix
+
+
+def _agreement_and_kl(engine, reference, ids: list[int]) -> tuple[float, float]:
+    expected, got = prompt_logits(reference, ids), prompt_logits(engine, ids)
+    agree = (expected.argmax(-1) == got.argmax(-1)).float().mean().item()
+    kl = F.kl_div(F.log_softmax(got, -1), F.log_softmax(expected, -1), log_target=True, reduction="batchmean").item()
+    return agree, kl
+
+
+def test_a_kquant_mix_stays_close_to_its_dequantized_values(kquant_file, reference):
+    engine = make_engine(model=kquant_file, quantization="auto", num_kv_blocks=64)
+    agree, kl = _agreement_and_kl(engine, reference, reference.tokenizer.encode(HELD_OUT))
+    assert agree >= 0.97 and kl < 1e-3, (agree, kl)  # measured: 0.99 and 1.3e-5
+    out = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert all(len(o.token_ids) == 6 for o in out)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert [o.token_ids for o in engine.generate(PROMPTS[:1], greedy)] == \
+           [o.token_ids for o in reference.generate(PROMPTS[:1], greedy)]
+
+
+def test_without_the_native_library_a_kquant_mix_runs_on_torch_tiles(kquant_file, reference, monkeypatch):
+    from baton.engine.native import build
+
+    monkeypatch.setattr(build, "load", lambda: None)
+    monkeypatch.setattr(build, "failure", lambda: "no C compiler (cc or gcc) on PATH")
+    engine = make_engine(model=kquant_file, quantization="auto", num_kv_blocks=64)
+    assert engine.runner.native is None and engine.runner.model.layers[0].down.layout == "gguf"
+    agree, kl = _agreement_and_kl(engine, reference, reference.tokenizer.encode(HELD_OUT))
+    assert agree >= 0.97 and kl < 1e-3, (agree, kl)  # the rewriting's own error, in float32

@@ -1,0 +1,102 @@
+"""GGUF formats rewritten at load (quant/transcode.py), against the `gguf` package's own
+dequantization of the source blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from baton.engine.quant.formats import FORMATS, dequantize
+from baton.engine.quant.transcode import TARGET, transcode, transcoded_format
+
+from .kquant_encode import encode_q4_k, encode_q6_k
+
+# where each source format keeps its float16 scales: (offset of d, offset of its min or None)
+_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q5_0": (0, None), "Q5_1": (0, 2)}
+
+
+def random_source_rows(name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """uint8 [rows, row bytes] of GGUF type `name`: random quants and multipliers, float16
+    scales of mixed sign and magnitude where ggml keeps them."""
+    block_values, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    rng = np.random.default_rng(seed)
+    nb = k // block_values
+    blocks = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
+    d_at, m_at = _SCALES[name]
+    blocks[..., d_at : d_at + 2] = (rng.standard_normal((rows, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    if m_at is not None:
+        blocks[..., m_at : m_at + 2] = (rng.standard_normal((rows, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _reference(name: str, raw: np.ndarray, k: int) -> np.ndarray:
+    return gguf_dequantize(raw, GGMLQuantizationType[name]).reshape(raw.shape[0], k)
+
+
+def test_q5_0_becomes_q8_0_bit_for_bit():
+    raw = random_source_rows("Q5_0", 5, 96)
+    fmt, out = transcode("Q5_0", raw, 96)
+    assert fmt is FORMATS["Q8_0"] and out.shape == (5, 3 * 34)
+    np.testing.assert_array_equal(dequantize(fmt, out), _reference("Q5_0", raw, 96))
+
+
+def test_q4_k_becomes_q4_1_with_the_same_quants_and_scales_rounded_to_float16():
+    raw = random_source_rows("Q4_K", 6, 512, seed=2)
+    fmt, out = transcode("Q4_K", raw, 512)
+    assert fmt is FORMATS["Q4_1"] and out.shape == (6, 16 * 20)
+    got, expected = dequantize(fmt, out), _reference("Q4_K", raw, 512)
+    # each block's scale and minimum move by at most 2^-11 of themselves; a quant is <= 15
+    blocks = out.reshape(6, 16, 20)
+    scale = np.abs(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    least = np.abs(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    bound = np.repeat((scale * 15 + least) * 2.0**-11 + 1e-9, 32, axis=-1)
+    assert (np.abs(got - expected) <= bound).all()
+    assert np.abs(got - expected).max() > 0  # the rounding is real: this test can see it
+
+
+@pytest.mark.parametrize("name", ["Q5_1", "Q5_K", "Q6_K"])
+def test_requantized_formats_stay_within_half_a_q8_0_step(name):
+    k = 512
+    raw = random_source_rows(name, 4, k, seed=3)
+    fmt, out = transcode(name, raw, k)
+    assert fmt is FORMATS["Q8_0"]
+    expected = _reference(name, raw, k)
+    absmax = np.abs(expected).reshape(4, -1, 32).max(axis=-1)
+    error = np.abs(dequantize(fmt, out) - expected).reshape(4, -1, 32).max(axis=-1)
+    # half a step of absmax / 127, plus ggml's Q8_0 scale rounded to float16 after the quants
+    assert (error <= absmax * (0.5 / 127 + 2.0**-11) + 1e-7).all()
+
+
+def test_rows_are_requantized_in_slices_the_same_as_whole(monkeypatch):
+    import baton.engine.quant.transcode as transcode_module
+
+    raw = random_source_rows("Q6_K", 9, 256, seed=4)
+    whole = transcode("Q6_K", raw, 256)[1]
+    monkeypatch.setattr(transcode_module, "SLICE_VALUES", 2 * 256)  # two rows a slice, the last alone
+    np.testing.assert_array_equal(transcode("Q6_K", raw, 256)[1], whole)
+
+
+def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():
+    values = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32) * 0.05
+    for encode, name, levels in ((encode_q4_k, "Q4_K", 15), (encode_q6_k, "Q6_K", 63)):
+        decoded = _reference(name, encode(values), 512)
+        span = np.ptp(values.reshape(3, -1, 16), axis=-1).max()
+        assert np.abs(decoded - values).max() <= span / levels * 1.5, name
+
+
+def test_only_the_formats_named_are_transcoded():
+    assert set(TARGET) == {"Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"}
+    assert transcoded_format("q4_k") is FORMATS["Q4_1"] and transcoded_format("Q4_1") is None
+    assert transcoded_format("IQ4_NL") is None
+    with pytest.raises(ValueError, match="no transcoding for MXFP4"):
+        transcode("MXFP4", np.zeros((1, 17), np.uint8), 32)
+
+
+def test_a_q4_k_scale_past_float16_is_refused_naming_it():
+    raw = random_source_rows("Q4_K", 1, 256)
+    raw[0, 0:2] = np.array([60000], np.float16).view(np.uint8)  # d near float16's largest
+    raw[0, 4] = 63  # first sub-block's multiplier at its largest
+    with pytest.raises(ValueError, match="Q4_K block scale does not fit a float16"):
+        transcode("Q4_K", raw, 256)

@@ -1,0 +1,113 @@
+"""GGUF formats without kernels of their own, rewritten at load into formats that have them.
+
+Most GGUF files in circulation are k-quant mixes (Q4_K_M, Q5_K_M, Q6_K); where a matrix's
+width is not a multiple of 256 llama.cpp falls back to Q5_0, Q5_1 or Q8_0 for it. Each such
+matrix becomes blocks of 32 the kernels read (quant/formats.py), one tensor at a time, with
+no full-precision copy of more than a slice of rows:
+
+    Q4_K  -> Q4_1  the same 4-bit quants; a block's scale d * sc and minimum -dmin * m
+                   (6-bit multipliers of the super-block's two float16 scales) rounded to
+                   float16: each moves by at most 2^-11 of itself
+    Q5_0  -> Q8_0  exact: d * (q - 16) with q - 16 in -16..15 is a Q8_0 block as it is
+    Q5_1, Q5_K, Q6_K -> Q8_0  requantized: 32 values a block to absmax / 127 steps, about
+                   four times finer than the 5- and 6-bit steps they come from
+
+The values of each source format are the `gguf` package's (ggml's definitions).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat
+
+SUPER = 256  # values per k-quant super-block
+_Q4_K_BYTES = 144  # d, dmin (float16), 12 bytes of packed 6-bit scales and mins, 128 of nibbles
+REQUANTIZED = ("Q5_1", "Q5_K", "Q6_K")
+TARGET = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", **{name: "Q8_0" for name in REQUANTIZED}}
+SLICE_VALUES = 1 << 22  # values dequantized at a time when requantizing
+
+
+def transcoded_format(name: str) -> BlockFormat | None:
+    """The kernel format a GGUF type `name` is rewritten into, or None if it is not."""
+    target = TARGET.get(name.upper())
+    return FORMATS[target] if target else None
+
+
+def transcode(name: str, raw: np.ndarray, k: int) -> tuple[BlockFormat, np.ndarray]:
+    """uint8 [rows, row bytes] of GGUF type `name` -> (format, its uint8 [rows, k / 32 blocks])."""
+    name = name.upper()
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if name == "Q4_K":
+        return FORMATS["Q4_1"], _q4_k_as_q4_1(raw, k)
+    if name == "Q5_0":
+        return FORMATS["Q8_0"], _q5_0_as_q8_0(raw, k)
+    if name in REQUANTIZED:
+        return FORMATS["Q8_0"], _requantized_q8_0(name, raw, k)
+    raise ValueError(f"no transcoding for {name}")
+
+
+def _halves(pair: np.ndarray) -> np.ndarray:
+    """[..., 2] little-endian bytes -> float32 of their float16."""
+    return np.ascontiguousarray(pair).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _as_half_bytes(values: np.ndarray, what: str) -> np.ndarray:
+    with np.errstate(over="ignore"):  # checked next
+        half = values.astype(np.float16)
+    if not np.isfinite(half).all():
+        raise ValueError(f"a Q4_K {what} does not fit a float16 (the file's scales are out of range)")
+    return half[..., None].view(np.uint8)
+
+
+def q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., 12] packed bytes -> (scale multipliers, min multipliers), each [..., 8] in 0..63:
+    sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7; 4-7 in the nibbles of bytes
+    8-11 with their top 2 bits in the top bits of bytes 0-3 and 4-7."""
+    p = packed.astype(np.uint8)
+    low, high = p[..., 0:4], p[..., 4:8]
+    sc = np.concatenate([low & 63, (p[..., 8:12] & 0x0F) | ((low >> 6) << 4)], axis=-1)
+    mn = np.concatenate([high & 63, (p[..., 8:12] >> 4) | ((high >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q4_k_as_q4_1(raw: np.ndarray, k: int) -> np.ndarray:
+    rows, supers = raw.shape[0], k // SUPER
+    blocks = raw.reshape(rows, supers, _Q4_K_BYTES)
+    d, dmin = _halves(blocks[..., 0:2]), _halves(blocks[..., 2:4])
+    sc, mn = q4_k_scales(blocks[..., 4:16])
+    scale = d[..., None] * sc  # exact in float32 (11 bits times 6)
+    least = -dmin[..., None] * mn
+    # 64 values a chunk: 32 bytes, sub-block 2c in the low nibbles, 2c + 1 in the high
+    qs = blocks[..., 16:].reshape(rows, supers, 4, 32)
+    values = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(rows, supers, 8, 32)
+    # Q4_1 packs value i in the low nibble of byte i, value i + 16 in its high nibble
+    nibbles = values[..., :16] | (values[..., 16:] << 4)
+    out = np.concatenate([_as_half_bytes(scale, "block scale"), _as_half_bytes(least, "block minimum"),
+                          nibbles.astype(np.uint8)], axis=-1)
+    return out.reshape(rows, k // BLOCK * FORMATS["Q4_1"].block_bytes)
+
+
+def _q5_0_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
+    rows, nb = raw.shape[0], k // BLOCK
+    blocks = raw.reshape(rows, nb, 22)  # d (float16), 32 high bits, 16 bytes of low nibbles
+    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit j: value j's fifth bit
+    qs = blocks[..., 6:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4)
+    signed = (q.astype(np.int16) - 16).astype(np.int8)
+    out = np.concatenate([blocks[..., 0:2], signed.view(np.uint8)], axis=-1)
+    return out.reshape(rows, nb * FORMATS["Q8_0"].block_bytes)
+
+
+def _requantized_q8_0(name: str, raw: np.ndarray, k: int) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    qtype = GGMLQuantizationType[name]
+    rows = raw.shape[0]
+    out = np.empty((rows, k // BLOCK * FORMATS["Q8_0"].block_bytes), dtype=np.uint8)
+    step = max(1, SLICE_VALUES // k)
+    for first in range(0, rows, step):
+        values = dequantize(raw[first : first + step], qtype).reshape(-1, k).astype(np.float32)
+        out[first : first + step] = quantize(values, GGMLQuantizationType.Q8_0)
+    return out
