@@ -11,9 +11,9 @@ from gguf.quants import dequantize, quantize
 
 from baton.engine.loader import bundled_model_path
 
-from .kquant_encode import encode_q4_k, encode_q6_k
+from .kquant_encode import encode_q4_k, encode_q5_k, encode_q6_k
 
-_ENCODERS = {"Q4_K": encode_q4_k, "Q6_K": encode_q6_k}  # what the gguf package cannot write
+_ENCODERS = {"Q4_K": encode_q4_k, "Q5_K": encode_q5_k, "Q6_K": encode_q6_k}  # what the gguf package cannot write
 
 
 def rewrite_gguf(files: dict[Path, dict[str, str]], layers: int) -> None:

@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K encoders for tests (the `gguf` package reads k-quants but cannot write them):
+"""Q4_K, Q5_K and Q6_K encoders for tests (the `gguf` package reads k-quants but cannot write them):
 plain min/max scales, laid out as ggml's ggml-common.h lays them out. Whether the layout is
 right is checked by reading the blocks back with the gguf package."""
 
@@ -19,22 +19,42 @@ def _divide(x: np.ndarray, by: np.ndarray) -> np.ndarray:
     return np.divide(x, by, out=np.zeros(np.broadcast(x, by).shape, np.float32), where=by != 0)
 
 
-def encode_q4_k(values: np.ndarray) -> np.ndarray:
-    """float32 [rows, k] -> uint8 [rows, k / 256 * 144]: value = d sc q - dmin m per 32."""
+def _min_scale_blocks(values: np.ndarray, levels: int):
+    """float32 [rows, k] -> (d, dmin bytes, packed 6-bit multipliers [..., 12], quants
+    [rows, supers, 8, 32] in 0..levels) for value = d sc q - dmin m per 32 (Q4_K, Q5_K)."""
     rows, k = values.shape
     x = values.reshape(rows, k // SUPER, 8, 32).astype(np.float32)
     low = np.minimum(x.min(axis=-1), 0)
-    scale, least = (x.max(axis=-1) - low) / 15, -low
+    scale, least = (x.max(axis=-1) - low) / levels, -low
     d_bytes, d = _half(scale.max(axis=-1) / 63)
     m_bytes, dmin = _half(least.max(axis=-1) / 63)
     sc = np.clip(np.rint(_divide(scale, d[..., None])), 0, 63).astype(np.uint8)
     mn = np.clip(np.rint(_divide(least, dmin[..., None])), 0, 63).astype(np.uint8)
     step, base = d[..., None] * sc, dmin[..., None] * mn
-    q = np.clip(np.rint(_divide(x + base[..., None], step[..., None])), 0, 15).astype(np.uint8)
+    q = np.clip(np.rint(_divide(x + base[..., None], step[..., None])), 0, levels).astype(np.uint8)
     packed = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
                              (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], axis=-1)
-    qs = (q[..., 0::2, :] | (q[..., 1::2, :] << 4)).reshape(rows, k // SUPER, 128)
-    return np.concatenate([d_bytes, m_bytes, packed, qs], axis=-1).reshape(rows, -1)
+    return np.concatenate([d_bytes, m_bytes, packed], axis=-1), q
+
+
+def _nibble_chunks(q: np.ndarray) -> np.ndarray:
+    """[rows, supers, 8, 32] -> [rows, supers, 128]: sub-block 2c low, 2c + 1 high, per 32 bytes."""
+    low = q & 0x0F
+    return (low[..., 0::2, :] | (low[..., 1::2, :] << 4)).reshape(*q.shape[:2], 128)
+
+
+def encode_q4_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 256 * 144]: value = d sc q - dmin m per 32."""
+    header, q = _min_scale_blocks(values, 15)
+    return np.concatenate([header, _nibble_chunks(q)], axis=-1).reshape(values.shape[0], -1)
+
+
+def encode_q5_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 256 * 176]: as Q4_K with a fifth bit per value
+    (byte l of 32: bit j for value l of sub-block j)."""
+    header, q = _min_scale_blocks(values, 31)
+    fifth = ((q >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=-2, dtype=np.uint8)  # [.., 32]
+    return np.concatenate([header, fifth, _nibble_chunks(q)], axis=-1).reshape(values.shape[0], -1)
 
 
 def encode_q6_k(values: np.ndarray) -> np.ndarray:

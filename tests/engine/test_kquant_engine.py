@@ -1,5 +1,6 @@
-"""The engine on a k-quant mix (`quantization="auto"`), as llama.cpp's Q4_K_M writes them:
-Q4_K and Q6_K where a matrix's width is a multiple of 256, Q5_0 and Q5_1 where it is not.
+"""The engine on a k-quant mix (`quantization="auto"`), as llama.cpp's Q4_K_M and Q5_K_M
+write them: Q4_K, Q5_K and Q6_K where a matrix's width is a multiple of 256, Q5_0 and Q5_1
+where it is not.
 Each is rewritten at load into a format with kernels (quant/transcode.py) and compared with
 the same file dequantized by the gguf package (`quantization="none"`)."""
 
@@ -18,7 +19,7 @@ from .conftest import PROMPTS, make_engine
 from .gguf_rewrite import rewrite_gguf
 from .test_quantized_engine import HELD_OUT
 
-MIX = {"blk.0.ffn_down.weight": "Q4_K", "blk.1.ffn_down.weight": "Q6_K", "blk.2.ffn_down.weight": "Q4_K",
+MIX = {"blk.0.ffn_down.weight": "Q4_K", "blk.1.ffn_down.weight": "Q6_K", "blk.2.ffn_down.weight": "Q5_K",
        "blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_1",  # Q and K rows are permuted in the file
        "blk.1.ffn_up.weight": "Q5_1"}
 
@@ -38,12 +39,13 @@ def reference(kquant_file):
 def test_a_kquant_mix_loads_into_kernel_formats_and_says_which(kquant_file, caplog):
     with caplog.at_level(logging.INFO, logger="baton.engine.gguf_source"):
         engine = make_engine(model=kquant_file, quantization="auto", num_kv_blocks=64)
-    assert "rewritten at load: 2 x Q4_K as Q4_1, 1 x Q5_0 as Q8_0, 2 x Q5_1 as Q8_0, 1 x Q6_K as Q8_0" in caplog.text
+    assert "rewritten at load: 1 x Q4_K as Q4_1, 1 x Q5_0 as Q8_0, 2 x Q5_1 as U8M, 1 x Q5_K as U8M, " \
+           "1 x Q6_K as Q8_0" in caplog.text
     model = engine.runner.model
-    assert model.layers[0].down.describe() == "Q4_1" and model.layers[1].down.describe() == "Q8_0"
-    assert model.layers[0].qkv.describe() == "Q8_0+Q4_1"  # Q (Q5_0) and K (Q5_1) as one Q8_0 part, V as filed
-    assert model.layers[1].gate_up.describe() == "Q4_1+Q8_0"
-    assert all(isinstance(w, QuantizedWeight) for w in (model.layers[2].down, model.embed))
+    assert [model.layers[i].down.describe() for i in range(3)] == ["Q4_1", "Q8_0", "U8M"]
+    assert model.layers[0].qkv.describe() == "Q8_0+U8M+Q4_1"  # Q (Q5_0), K (Q5_1), V as filed
+    assert model.layers[1].gate_up.describe() == "Q4_1+U8M"
+    assert isinstance(model.embed, QuantizedWeight)
     assert not [name for name, p in model.named_parameters() if p.dim() > 1]  # no full-precision matrix
 
 

@@ -11,7 +11,14 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from baton.engine.quant.activations import product_reference, quantize_rows
-from baton.engine.quant.formats import FORMATS, UnsupportedQuantization, dequantize, format_named
+from baton.engine.quant.formats import (
+    FORMATS,
+    GGUF_FORMATS,
+    UnsupportedQuantization,
+    dequantize,
+    format_named,
+    split_blocks,
+)
 from baton.engine.quant.interleave import ROWS, deinterleave, interleave
 from baton.engine.quant.torch_blocks import dequantize_rows
 
@@ -26,7 +33,7 @@ def _gguf_rows(name: str, rows: int, k: int, seed: int = 0) -> tuple[np.ndarray,
     return values, gguf_quantize(values, GGMLQuantizationType[name])
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", GGUF_FORMATS)
 def test_dequantize_matches_ggml_bit_for_bit(name):
     fmt = FORMATS[name]
     for raw in (_gguf_rows(name, 7, 96)[1], random_rows(fmt, 7, 96, seed=1)):
@@ -35,7 +42,7 @@ def test_dequantize_matches_ggml_bit_for_bit(name):
         np.testing.assert_array_equal(dequantize_rows(fmt, torch.from_numpy(raw)).numpy(), expected)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", GGUF_FORMATS)
 def test_ggml_quantization_is_within_one_step(name):
     values, raw = _gguf_rows(name, 4, 64)
     fmt = FORMATS[name]
@@ -72,10 +79,23 @@ def test_q8_quants_are_stored_unsigned():
     assert data[32 + 4 * 3] == raw[3, 2] ^ 0x80
 
 
-@pytest.mark.parametrize("name", ["Q6_K", "Q5_0", "IQ4_NL", "F8"])
+def test_u8m_holds_unsigned_bytes_stored_as_q8_0_stores_its_quants():
+    """U8M (written at load for Q5_1 and Q5_K): d * u + m, u kept as u - 128 like Q8_0's
+    signed quants, so the same sign flip reads it everywhere."""
+    fmt = FORMATS["U8M"]
+    raw = random_rows(fmt, 2, 32, seed=9)
+    d, m = (raw[:, 0:2].copy().view(np.float16).astype(np.float32), raw[:, 2:4].copy().view(np.float16).astype(np.float32))
+    u = (raw[:, 4:] ^ 0x80).astype(np.float32)
+    np.testing.assert_array_equal(dequantize(fmt, raw), d * u + m)
+    assert interleave(fmt, random_rows(fmt, 16, 32))[64 + 4 * 3] == random_rows(fmt, 16, 32)[3, 4] ^ 0x80
+
+
+@pytest.mark.parametrize("name", ["U8M", "Q2_K", "IQ4_NL", "F8"])  # U8M is Baton's own: no file holds it
 def test_an_unsupported_format_is_named(name):
     with pytest.raises(UnsupportedQuantization, match=rf"{name} \(tensor blk\.0\.ffn_down\.weight\).*--quantization none"):
-        format_named(name, "blk.0.ffn_down.weight")
+        format_named(name, "blk.0.ffn_down.weight", also=("Q4_K",))
+    with pytest.raises(UnsupportedQuantization, match=r"supported: Q4_0, Q4_1, Q8_0, Q4_K\)"):
+        format_named(name, also=("Q4_K",))
 
 
 def test_input_rows_quantize_within_half_a_step():
@@ -95,7 +115,8 @@ def test_the_int16_product_is_the_float_product_up_to_input_rounding(name):
     fmt = FORMATS[name]
     raw = random_rows(fmt, 24, 128, seed=7)
     x = np.random.default_rng(8).standard_normal((2, 128)).astype(np.float32)
-    weights = dequantize(fmt, raw).astype(np.float64)
+    d, m, u = split_blocks(fmt, raw)  # the weights in float64: d * u + m exactly (float32 rounds U8M's)
+    weights = (d[..., None].astype(np.float64) * u + m[..., None].astype(np.float64)).reshape(24, 128)
     exact = x.astype(np.float64) @ weights.T
     qx = quantize_rows(x)
     # each input value moves at most half its block's step: bound the product's change

@@ -11,7 +11,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from baton.engine.quant.formats import FORMATS, dequantize
 from baton.engine.quant.transcode import TARGET, transcode, transcoded_format
 
-from .kquant_encode import encode_q4_k, encode_q6_k
+from .kquant_encode import encode_q4_k, encode_q5_k, encode_q6_k
 
 # where each source format keeps its float16 scales: (offset of d, offset of its min or None)
 _SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q5_0": (0, None), "Q5_1": (0, 2)}
@@ -42,27 +42,34 @@ def test_q5_0_becomes_q8_0_bit_for_bit():
     np.testing.assert_array_equal(dequantize(fmt, out), _reference("Q5_0", raw, 96))
 
 
-def test_q4_k_becomes_q4_1_with_the_same_quants_and_scales_rounded_to_float16():
-    raw = random_source_rows("Q4_K", 6, 512, seed=2)
-    fmt, out = transcode("Q4_K", raw, 512)
-    assert fmt is FORMATS["Q4_1"] and out.shape == (6, 16 * 20)
-    got, expected = dequantize(fmt, out), _reference("Q4_K", raw, 512)
-    # each block's scale and minimum move by at most 2^-11 of themselves; a quant is <= 15
-    blocks = out.reshape(6, 16, 20)
+def test_q5_1_becomes_u8m_bit_for_bit():
+    raw = random_source_rows("Q5_1", 5, 96, seed=6)
+    fmt, out = transcode("Q5_1", raw, 96)
+    assert fmt is FORMATS["U8M"] and out.shape == (5, 3 * 36)
+    np.testing.assert_array_equal(dequantize(fmt, out), _reference("Q5_1", raw, 96))
+
+
+@pytest.mark.parametrize("name, target, largest_quant", [("Q4_K", "Q4_1", 15), ("Q5_K", "U8M", 31)])
+def test_k_quants_keep_their_quants_with_block_scales_rounded_to_float16(name, target, largest_quant):
+    raw = random_source_rows(name, 6, 512, seed=2)
+    fmt, out = transcode(name, raw, 512)
+    assert fmt is FORMATS[target] and out.shape == (6, 16 * fmt.block_bytes)
+    got, expected = dequantize(fmt, out), _reference(name, raw, 512)
+    # each block's scale and minimum move by at most 2^-11 of themselves
+    blocks = out.reshape(6, 16, fmt.block_bytes)
     scale = np.abs(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
     least = np.abs(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
-    bound = np.repeat((scale * 15 + least) * 2.0**-11 + 1e-9, 32, axis=-1)
+    bound = np.repeat((scale * largest_quant + least) * 2.0**-11 + 1e-9, 32, axis=-1)
     assert (np.abs(got - expected) <= bound).all()
     assert np.abs(got - expected).max() > 0  # the rounding is real: this test can see it
 
 
-@pytest.mark.parametrize("name", ["Q5_1", "Q5_K", "Q6_K"])
-def test_requantized_formats_stay_within_half_a_q8_0_step(name):
+def test_q6_k_is_requantized_within_half_a_q8_0_step():
     k = 512
-    raw = random_source_rows(name, 4, k, seed=3)
-    fmt, out = transcode(name, raw, k)
+    raw = random_source_rows("Q6_K", 4, k, seed=3)
+    fmt, out = transcode("Q6_K", raw, k)
     assert fmt is FORMATS["Q8_0"]
-    expected = _reference(name, raw, k)
+    expected = _reference("Q6_K", raw, k)
     absmax = np.abs(expected).reshape(4, -1, 32).max(axis=-1)
     error = np.abs(dequantize(fmt, out) - expected).reshape(4, -1, 32).max(axis=-1)
     # half a step of absmax / 127, plus ggml's Q8_0 scale rounded to float16 after the quants
@@ -80,7 +87,7 @@ def test_rows_are_requantized_in_slices_the_same_as_whole(monkeypatch):
 
 def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():
     values = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32) * 0.05
-    for encode, name, levels in ((encode_q4_k, "Q4_K", 15), (encode_q6_k, "Q6_K", 63)):
+    for encode, name, levels in ((encode_q4_k, "Q4_K", 15), (encode_q5_k, "Q5_K", 31), (encode_q6_k, "Q6_K", 63)):
         decoded = _reference(name, encode(values), 512)
         span = np.ptp(values.reshape(3, -1, 16), axis=-1).max()
         assert np.abs(decoded - values).max() <= span / levels * 1.5, name
@@ -88,7 +95,8 @@ def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():
 
 def test_only_the_formats_named_are_transcoded():
     assert set(TARGET) == {"Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"}
-    assert transcoded_format("q4_k") is FORMATS["Q4_1"] and transcoded_format("Q4_1") is None
+    assert transcoded_format("q4_k") is FORMATS["Q4_1"] and transcoded_format("Q5_K") is FORMATS["U8M"]
+    assert transcoded_format("Q4_1") is None
     assert transcoded_format("IQ4_NL") is None
     with pytest.raises(ValueError, match="no transcoding for MXFP4"):
         transcode("MXFP4", np.zeros((1, 17), np.uint8), 32)
@@ -98,5 +106,5 @@ def test_a_q4_k_scale_past_float16_is_refused_naming_it():
     raw = random_source_rows("Q4_K", 1, 256)
     raw[0, 0:2] = np.array([60000], np.float16).view(np.uint8)  # d near float16's largest
     raw[0, 4] = 63  # first sub-block's multiplier at its largest
-    with pytest.raises(ValueError, match="Q4_K block scale does not fit a float16"):
+    with pytest.raises(ValueError, match="k-quant block scale does not fit a float16"):
         transcode("Q4_K", raw, 256)

@@ -127,7 +127,7 @@ static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int l
         for (int c = 0; c < (f->nibbles ? 4 : 8); c++)
             for (int j = 0; j < 4; j++) {
                 const uint8_t byte = qs[64 * c + j];
-                if (!f->nibbles) values[4 * c + j] = d * (float)((int)byte - f->offset);
+                if (!f->nibbles) values[4 * c + j] = f->has_min ? d * (float)byte + m : d * (float)((int)byte - f->offset);
                 else if (f->has_min) {
                     values[4 * c + j] = d * (float)(byte & 0x0F) + m;
                     values[16 + 4 * c + j] = d * (float)(byte >> 4) + m;

@@ -32,7 +32,8 @@
 #endif
 #define QUANT_BLOCK 32
 
-enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q8_0 = 8 }; /* ggml's type ids */
+/* ggml's type ids; U8M (quant/formats.py) is Baton's own: 8-bit quants with a minimum */
+enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q8_0 = 8, FORMAT_U8M = 240 };
 
 typedef struct { /* a product's input rows in int16 (quant/activations.py) */
     int16_t *q;    /* [rows, k], each 4 values stored as x0 x2 x1 x3 */

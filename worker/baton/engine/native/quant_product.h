@@ -1,5 +1,6 @@
 /* Products on quantized weights (quant/ in Python): x[rows, k] @ W^T where W's rows are a
- * GGUF checkpoint's Q4_0, Q4_1 or Q8_0 blocks in the 16-row layout of quant/interleave.py.
+ * GGUF checkpoint's Q4_0, Q4_1 or Q8_0 blocks (or U8M, quant/formats.py) in the 16-row
+ * layout of quant/interleave.py.
  * The input rows are quantized to int16 per block of 32, the integer sums
  * come from quant_kernels.h, and no weight is ever dequantized into memory, except by
  * quant_dequantize.h (prefill's tiles, embedding rows). Included by decode_step.c.
@@ -8,7 +9,7 @@
 
 typedef struct {
     const uint8_t *data; /* the layout of quant/interleave.py */
-    int format;          /* FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q8_0 */
+    int format;          /* FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q8_0, FORMAT_U8M */
     int rows;
 } QuantPart;
 
@@ -25,6 +26,7 @@ static QuantFormat quant_format(int format) {
     switch (format) {
         case FORMAT_Q4_0: return (QuantFormat){1, 0, 8, 18, 2};
         case FORMAT_Q4_1: return (QuantFormat){1, 1, 0, 20, 4};
+        case FORMAT_U8M: return (QuantFormat){0, 1, 0, 36, 4};
         default: return (QuantFormat){0, 0, 128, 34, 2}; /* FORMAT_Q8_0 */
     }
 }

@@ -6,10 +6,16 @@ Every format cuts a row into blocks of 32 values and stores each block as a floa
     Q4_0  d, 16 bytes of nibbles        value = d * (q - 8),  q in 0..15
     Q4_1  d, m, 16 bytes of nibbles     value = d * q + m,    q in 0..15
     Q8_0  d, 32 signed bytes            value = d * q,        q in -128..127
+    U8M   d, m, 32 bytes of u - 128     value = d * u + m,    u in 0..255
 
 A nibble byte i holds value i in its low half and value i + 16 in its high half. Every
 format is then `d * u + m` for an unsigned u, the form the kernels compute on: Q4_0 has
 m = -8 d, and Q8_0 stores u = q + 128 (the sign bit flipped) with m = -128 d.
+
+U8M is not ggml's: no file holds it. quant/transcode.py writes it for 5-bit formats with a
+minimum (Q5_1, Q5_K), whose values it holds exactly where 8-bit blocks without a minimum
+cannot. Its bytes are stored as Q8_0's are, so every path that flips Q8_0's sign bits reads
+its u.
 """
 
 from __future__ import annotations
@@ -43,19 +49,21 @@ FORMATS = {f.name: f for f in (
     BlockFormat("Q4_0", 2, 18, nibbles=True, has_min=False, offset=8),
     BlockFormat("Q4_1", 3, 20, nibbles=True, has_min=True, offset=0),
     BlockFormat("Q8_0", 8, 34, nibbles=False, has_min=False, offset=128),
+    BlockFormat("U8M", 240, 36, nibbles=False, has_min=True, offset=0),  # 240: no ggml type id
 )}
+GGUF_FORMATS = ("Q4_0", "Q4_1", "Q8_0")  # those a GGUF file can hold
 BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 
 
 def format_named(name: str, tensor: str = "", also: tuple[str, ...] = ()) -> BlockFormat:
     """The format called `name` (ggml's spelling), or a clear error naming it and the
     formats that are read (these and `also`, those a loader rewrites into these)."""
-    fmt = FORMATS.get(name.upper())
+    fmt = FORMATS.get(name.upper()) if name.upper() in GGUF_FORMATS else None
     if fmt is None:
         where = f" (tensor {tensor})" if tensor else ""
         raise UnsupportedQuantization(
             f"quantization type {name}{where} has no quantized kernel here (supported: "
-            f"{', '.join([*FORMATS, *also])}); load the checkpoint with --quantization none to run it "
+            f"{', '.join([*GGUF_FORMATS, *also])}); load the checkpoint with --quantization none to run it "
             "at full precision")
     return fmt
 
@@ -85,8 +93,8 @@ def split_blocks(fmt: BlockFormat, raw: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def dequantize(fmt: BlockFormat, raw: np.ndarray) -> np.ndarray:
-    """raw uint8 [rows, row_bytes] -> float32 [rows, k], rounded as ggml rounds: Q4_1 as
-    d * q + m (two float32 roundings), the others as d * (q - offset) (exact)."""
+    """raw uint8 [rows, row_bytes] -> float32 [rows, k], rounded as ggml rounds: Q4_1 (and
+    U8M) as d * q + m (two float32 roundings), the others as d * (q - offset) (exact)."""
     d, m, u = split_blocks(fmt, raw)
     if fmt.has_min:
         values = d[..., None] * u.astype(np.float32) + m[..., None]

@@ -8,9 +8,12 @@ no full-precision copy of more than a slice of rows:
     Q4_K  -> Q4_1  the same 4-bit quants; a block's scale d * sc and minimum -dmin * m
                    (6-bit multipliers of the super-block's two float16 scales) rounded to
                    float16: each moves by at most 2^-11 of itself
+    Q5_K  -> U8M   the same 5-bit quants in a byte each, scales as Q4_K's
     Q5_0  -> Q8_0  exact: d * (q - 16) with q - 16 in -16..15 is a Q8_0 block as it is
-    Q5_1, Q5_K, Q6_K -> Q8_0  requantized: 32 values a block to absmax / 127 steps, about
-                   four times finer than the 5- and 6-bit steps they come from
+    Q5_1  -> U8M   exact: d * q + m with q in a byte
+    Q6_K  -> Q8_0  requantized: its 16-value sub-blocks each have a scale, which no format
+                   here holds; 32 values a block to absmax / 127 steps, about four times
+                   finer than the 6-bit steps they come from
 
 The values of each source format are the `gguf` package's (ggml's definitions).
 """
@@ -23,8 +26,9 @@ from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat
 
 SUPER = 256  # values per k-quant super-block
 _Q4_K_BYTES = 144  # d, dmin (float16), 12 bytes of packed 6-bit scales and mins, 128 of nibbles
-REQUANTIZED = ("Q5_1", "Q5_K", "Q6_K")
-TARGET = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", **{name: "Q8_0" for name in REQUANTIZED}}
+_Q5_K_BYTES = 176  # as Q4_K, with 32 bytes of fifth bits before the nibbles
+REQUANTIZED = ("Q6_K",)
+TARGET = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q5_1": "U8M", "Q5_K": "U8M", "Q6_K": "Q8_0"}
 SLICE_VALUES = 1 << 22  # values dequantized at a time when requantizing
 
 
@@ -40,8 +44,12 @@ def transcode(name: str, raw: np.ndarray, k: int) -> tuple[BlockFormat, np.ndarr
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     if name == "Q4_K":
         return FORMATS["Q4_1"], _q4_k_as_q4_1(raw, k)
+    if name == "Q5_K":
+        return FORMATS["U8M"], _q5_k_as_u8m(raw, k)
     if name == "Q5_0":
         return FORMATS["Q8_0"], _q5_0_as_q8_0(raw, k)
+    if name == "Q5_1":
+        return FORMATS["U8M"], _q5_1_as_u8m(raw, k)
     if name in REQUANTIZED:
         return FORMATS["Q8_0"], _requantized_q8_0(name, raw, k)
     raise ValueError(f"no transcoding for {name}")
@@ -56,14 +64,14 @@ def _as_half_bytes(values: np.ndarray, what: str) -> np.ndarray:
     with np.errstate(over="ignore"):  # checked next
         half = values.astype(np.float16)
     if not np.isfinite(half).all():
-        raise ValueError(f"a Q4_K {what} does not fit a float16 (the file's scales are out of range)")
+        raise ValueError(f"a k-quant {what} does not fit a float16 (the file's scales are out of range)")
     return half[..., None].view(np.uint8)
 
 
 def q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[..., 12] packed bytes -> (scale multipliers, min multipliers), each [..., 8] in 0..63:
     sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7; 4-7 in the nibbles of bytes
-    8-11 with their top 2 bits in the top bits of bytes 0-3 and 4-7."""
+    8-11 with their top 2 bits in the top bits of bytes 0-3 and 4-7 (Q4_K's and Q5_K's)."""
     p = packed.astype(np.uint8)
     low, high = p[..., 0:4], p[..., 4:8]
     sc = np.concatenate([low & 63, (p[..., 8:12] & 0x0F) | ((low >> 6) << 4)], axis=-1)
@@ -71,32 +79,63 @@ def q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
+def _k_quant_headers(blocks: np.ndarray) -> np.ndarray:
+    """[rows, supers, bytes] of Q4_K or Q5_K -> each 32-value block's float16 scale and
+    minimum bytes, [rows, supers, 8, 4]: d * sc and -dmin * m (exact in float32: 11 bits
+    times 6), rounded to float16."""
+    d, dmin = _halves(blocks[..., 0:2]), _halves(blocks[..., 2:4])
+    sc, mn = q4_k_scales(blocks[..., 4:16])
+    return np.concatenate([_as_half_bytes(d[..., None] * sc, "block scale"),
+                           _as_half_bytes(-dmin[..., None] * mn, "block minimum")], axis=-1)
+
+
+def _low_nibble_pairs(qs: np.ndarray) -> np.ndarray:
+    """[rows, supers, 128] k-quant nibbles -> [rows, supers, 8, 32]: 64 values a chunk of 32
+    bytes, sub-block 2c in the low nibbles, 2c + 1 in the high."""
+    chunks = qs.reshape(*qs.shape[:2], 4, 32)
+    return np.stack([chunks & 0x0F, chunks >> 4], axis=3).reshape(*qs.shape[:2], 8, 32)
+
+
 def _q4_k_as_q4_1(raw: np.ndarray, k: int) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q4_K_BYTES)
-    d, dmin = _halves(blocks[..., 0:2]), _halves(blocks[..., 2:4])
-    sc, mn = q4_k_scales(blocks[..., 4:16])
-    scale = d[..., None] * sc  # exact in float32 (11 bits times 6)
-    least = -dmin[..., None] * mn
-    # 64 values a chunk: 32 bytes, sub-block 2c in the low nibbles, 2c + 1 in the high
-    qs = blocks[..., 16:].reshape(rows, supers, 4, 32)
-    values = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(rows, supers, 8, 32)
+    values = _low_nibble_pairs(blocks[..., 16:])
     # Q4_1 packs value i in the low nibble of byte i, value i + 16 in its high nibble
     nibbles = values[..., :16] | (values[..., 16:] << 4)
-    out = np.concatenate([_as_half_bytes(scale, "block scale"), _as_half_bytes(least, "block minimum"),
-                          nibbles.astype(np.uint8)], axis=-1)
+    out = np.concatenate([_k_quant_headers(blocks), nibbles.astype(np.uint8)], axis=-1)
     return out.reshape(rows, k // BLOCK * FORMATS["Q4_1"].block_bytes)
+
+
+def _q5_k_as_u8m(raw: np.ndarray, k: int) -> np.ndarray:
+    rows, supers = raw.shape[0], k // SUPER
+    blocks = raw.reshape(rows, supers, _Q5_K_BYTES)
+    fifth = np.unpackbits(blocks[..., 16:48, None], axis=-1, bitorder="little")  # [.., 32 values, bit j: sub-block j]
+    q = _low_nibble_pairs(blocks[..., 48:]) | (fifth.transpose(0, 1, 3, 2) << 4)
+    out = np.concatenate([_k_quant_headers(blocks), q ^ np.uint8(0x80)], axis=-1)  # U8M stores u - 128
+    return out.reshape(rows, k // BLOCK * FORMATS["U8M"].block_bytes)
+
+
+def _five_bit_quants(blocks: np.ndarray, high_at: int) -> np.ndarray:
+    """[rows, nb, bytes] of Q5_0 or Q5_1 -> q [rows, nb, 32] in 0..31: value j's fifth bit is
+    bit j of the 4 bytes at `high_at`, its low bits the nibbles that follow (Q4_0's order)."""
+    high = np.unpackbits(blocks[..., high_at : high_at + 4], axis=-1, bitorder="little")
+    qs = blocks[..., high_at + 4 :]
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4)
 
 
 def _q5_0_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
     rows, nb = raw.shape[0], k // BLOCK
-    blocks = raw.reshape(rows, nb, 22)  # d (float16), 32 high bits, 16 bytes of low nibbles
-    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit j: value j's fifth bit
-    qs = blocks[..., 6:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4)
-    signed = (q.astype(np.int16) - 16).astype(np.int8)
+    blocks = raw.reshape(rows, nb, 22)  # d (float16), 32 fifth bits, 16 bytes of nibbles
+    signed = (_five_bit_quants(blocks, 2).astype(np.int16) - 16).astype(np.int8)
     out = np.concatenate([blocks[..., 0:2], signed.view(np.uint8)], axis=-1)
     return out.reshape(rows, nb * FORMATS["Q8_0"].block_bytes)
+
+
+def _q5_1_as_u8m(raw: np.ndarray, k: int) -> np.ndarray:
+    rows, nb = raw.shape[0], k // BLOCK
+    blocks = raw.reshape(rows, nb, 24)  # d, m (float16), 32 fifth bits, 16 bytes of nibbles
+    out = np.concatenate([blocks[..., 0:4], _five_bit_quants(blocks, 4) ^ np.uint8(0x80)], axis=-1)
+    return out.reshape(rows, nb * FORMATS["U8M"].block_bytes)
 
 
 def _requantized_q8_0(name: str, raw: np.ndarray, k: int) -> np.ndarray:
