@@ -1,6 +1,7 @@
-"""x @ W^T on a GGUF checkpoint's quantized rows (Q4_0, Q4_1, Q8_0), dequantizing each block
-inside the matmul: the GPU side of quant/weight.py, on the blocks exactly as the file
-stores them (quant/formats.py). No full-precision copy of W exists at any time."""
+"""x @ W^T on a GGUF checkpoint's quantized rows (Q4_0, Q4_1, Q8_0, U8M), dequantizing each block
+inside the matmul: the GPU side of quant/weight.py, on the blocks as the file stores them, or
+as the loader rewrote them (quant/formats.py, quant/transcode.py). No full-precision copy of
+W exists at any time."""
 
 from __future__ import annotations
 
