@@ -76,3 +76,40 @@ def test_without_the_native_library_a_kquant_mix_runs_on_torch_tiles(kquant_file
     assert engine.runner.native is None and engine.runner.model.layers[0].down.layout == "gguf"
     agree, kl = _agreement_and_kl(engine, reference, reference.tokenizer.encode(HELD_OUT))
     assert agree >= 0.97 and kl < 1e-3, (agree, kl)  # the rewriting's own error, in float32
+
+
+@pytest.mark.slow
+def test_a_kquant_mix_under_tensor_parallelism_keeps_the_tokens_of_one_process(kquant_file):
+    """The rewritten blocks are cut per rank like any others (whole 32-value blocks): at TP=3
+    every rank keeps its slice quantized and the greedy tokens stay those of one process."""
+    from .test_tensor_parallel import generate_recording_logits
+
+    prompts = ["The quick brown fox", "def fibonacci(n):"]
+    engine = make_engine(model=kquant_file, quantization="auto", num_kv_blocks=64, threads=1)
+    try:
+        reference, _ = generate_recording_logits(engine, prompts, 12)
+        assert engine.regroup(3, 64) == "resliced"
+        sliced = [m for m in engine.runner.local.model.modules() if isinstance(m, QuantizedWeight)]
+        assert {m.describe() for m in sliced} >= {"U8M", "Q8_0+U8M+Q4_1"}
+        tokens, _ = generate_recording_logits(engine, prompts, 12)
+    finally:
+        engine.close()
+    assert tokens == reference
+
+
+def test_a_kquant_scale_past_float16_fails_at_load_naming_the_tensor(kquant_file, tmp_path):
+    import shutil
+
+    import numpy as np
+    from gguf import GGUFReader
+
+    broken = tmp_path / "broken.gguf"
+    shutil.copy(kquant_file, broken)
+    offset = next(t.data_offset for t in GGUFReader(str(broken)).tensors if t.name == "blk.0.ffn_down.weight")
+    with open(broken, "r+b") as f:  # the first Q4_K super-block: d near float16's largest, sub-block 0's multiplier 63
+        f.seek(offset)
+        f.write(np.array([60000], np.float16).tobytes())
+        f.seek(offset + 4)
+        f.write(bytes([63]))
+    with pytest.raises(ValueError, match=r"tensor blk\.0\.ffn_down\.weight: a k-quant block scale does not fit a float16"):
+        make_engine(model=str(broken), quantization="auto", num_kv_blocks=16)

@@ -142,7 +142,10 @@ def _check_formats(reader) -> None:
 def _quantized(t, config: ModelConfig) -> QuantizedTensor:
     raw = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
     if transcoded_format(t.type_name):
-        fmt, raw = transcode(t.type_name, raw, int(t.shape[0]))
+        try:
+            fmt, raw = transcode(t.type_name, raw, int(t.shape[0]))
+        except ValueError as e:
+            raise ValueError(f"tensor {t.name}: {e}") from e
     else:
         fmt = format_named(t.type_name, t.name, also=tuple(TARGET))
     heads = _permuted_heads(t.name, config)
