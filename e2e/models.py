@@ -35,3 +35,13 @@ def write_model(folder: Path, seed: int = 0) -> Path:
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(folder, safe_serialization=True)
     (folder / "tokenizer.json").write_text(shuffled_tokenizer(bundled._tok.to_str(), vocab))
     return folder
+
+
+def write_kquant_gguf(path: Path) -> Path:
+    """The bundled model's first 3 layers as a k-quant mix (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1: what
+    llama.cpp's Q4_K_M and Q5_K_M files hold), in one .gguf file."""
+    from tests.engine.gguf_rewrite import rewrite_gguf
+    from tests.engine.test_kquant_engine import MIX
+
+    rewrite_gguf({path: MIX}, layers=3)
+    return path

@@ -68,7 +68,7 @@ def _as_half_bytes(values: np.ndarray, what: str) -> np.ndarray:
     return half[..., None].view(np.uint8)
 
 
-def q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _k_quant_multipliers(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[..., 12] packed bytes -> (scale multipliers, min multipliers), each [..., 8] in 0..63:
     sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7; 4-7 in the nibbles of bytes
     8-11 with their top 2 bits in the top bits of bytes 0-3 and 4-7 (Q4_K's and Q5_K's)."""
@@ -84,7 +84,7 @@ def _k_quant_headers(blocks: np.ndarray) -> np.ndarray:
     minimum bytes, [rows, supers, 8, 4]: d * sc and -dmin * m (exact in float32: 11 bits
     times 6), rounded to float16."""
     d, dmin = _halves(blocks[..., 0:2]), _halves(blocks[..., 2:4])
-    sc, mn = q4_k_scales(blocks[..., 4:16])
+    sc, mn = _k_quant_multipliers(blocks[..., 4:16])
     return np.concatenate([_as_half_bytes(d[..., None] * sc, "block scale"),
                            _as_half_bytes(-dmin[..., None] * mn, "block minimum")], axis=-1)
 
