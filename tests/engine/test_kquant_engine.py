@@ -1,8 +1,8 @@
 """The engine on a k-quant mix (`quantization="auto"`), as llama.cpp's Q4_K_M and Q5_K_M
 write them: Q4_K, Q5_K and Q6_K where a matrix's width is a multiple of 256, Q5_0 and Q5_1
-where it is not.
-Each is rewritten at load into a format with kernels (quant/transcode.py) and compared with
-the same file dequantized by the gguf package (`quantization="none"`)."""
+where it is not. Each matrix is rewritten at load into a format with kernels
+(quant/transcode.py); the engine is compared with the same file dequantized by the gguf
+package (`quantization="none"`)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _agreement_and_kl(engine, reference, ids: list[int]) -> tuple[float, float]:
 def test_a_kquant_mix_stays_close_to_its_dequantized_values(kquant_file, reference):
     engine = make_engine(model=kquant_file, quantization="auto", num_kv_blocks=64)
     agree, kl = _agreement_and_kl(engine, reference, reference.tokenizer.encode(HELD_OUT))
-    assert agree >= 0.97 and kl < 1e-3, (agree, kl)  # measured: 0.99 and 1.3e-5
+    assert agree >= 0.97 and kl < 1e-3, (agree, kl)  # measured here: 1.0 and 8e-6
     out = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=6, ignore_eos=True))
     assert all(len(o.token_ids) == 6 for o in out)
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

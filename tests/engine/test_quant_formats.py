@@ -87,7 +87,8 @@ def test_u8m_holds_unsigned_bytes_stored_as_q8_0_stores_its_quants():
     d, m = (raw[:, 0:2].copy().view(np.float16).astype(np.float32), raw[:, 2:4].copy().view(np.float16).astype(np.float32))
     u = (raw[:, 4:] ^ 0x80).astype(np.float32)
     np.testing.assert_array_equal(dequantize(fmt, raw), d * u + m)
-    assert interleave(fmt, random_rows(fmt, 16, 32))[64 + 4 * 3] == random_rows(fmt, 16, 32)[3, 4] ^ 0x80
+    group = random_rows(fmt, 16, 32)
+    assert interleave(fmt, group)[64 + 4 * 3] == group[3, 4] ^ 0x80  # row 3's first quant, after 16 d and 16 m
 
 
 @pytest.mark.parametrize("name", ["U8M", "Q2_K", "IQ4_NL", "F8"])  # U8M is Baton's own: no file holds it
