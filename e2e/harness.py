@@ -134,3 +134,24 @@ def router_url(cluster: ClusterProcess, deployment: str) -> str:
 def pod_folder(cluster: ClusterProcess, pod: dict[str, Any]) -> Path:
     meta = pod["metadata"]
     return cluster.dir / "state" / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+
+
+def apply_and_wait_ready(cluster: ClusterProcess, manifest: dict[str, Any], pod_count: int = 3,
+                         timeout: float = 420) -> str:
+    """`kubectl apply` a PDDeployment and wait until its `pod_count` pods are Ready; on the
+    deadline, fail with the pods, the resource and their logs. Returns its name."""
+    name = manifest["metadata"]["name"]
+    path = cluster.dir / f"{name}.json"
+    path.write_text(json.dumps(manifest))
+    cluster.kubectl("apply", "-f", str(path))
+
+    def ready() -> bool:
+        listed = pods(cluster, f"baton.dev/deployment={name}")
+        return len(listed) == pod_count and all(map(is_ready, listed))
+    try:
+        wait_for(ready, timeout, f"the {name} deployment's pods to be Ready", every=3)
+    except AssertionError:
+        raise AssertionError(cluster.kubectl("get", "pods", "-o", "wide")
+                             + cluster.kubectl("describe", "pdd", name)
+                             + cluster.pod_logs(name)) from None
+    return name

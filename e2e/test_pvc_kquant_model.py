@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from e2e.harness import is_ready, pods, router_url, wait_for
+from e2e.harness import apply_and_wait_ready, router_url
 
 pytestmark = pytest.mark.slow
 NAME = "kquant"
@@ -37,20 +37,7 @@ def deployed(cluster, model_file):
     manifest = {"apiVersion": "baton.dev/v1alpha1", "kind": "PDDeployment", "metadata": {"name": NAME},
                 "spec": {"image": "baton-worker:0.1.0", "engine": {"dtype": "float32", "kvCacheMemoryGb": 0.25},
                          "model": {"source": "pvc", "claimName": CLAIM, "path": FILE}}}
-    path = cluster.dir / f"{NAME}.json"
-    path.write_text(json.dumps(manifest))
-    cluster.kubectl("apply", "-f", str(path))
-
-    def ready():
-        listed = pods(cluster, f"baton.dev/deployment={NAME}")
-        return len(listed) == 3 and all(map(is_ready, listed))
-    try:
-        wait_for(ready, 420, "the k-quant deployment's pods to be Ready", every=3)
-    except AssertionError:
-        raise AssertionError(cluster.kubectl("get", "pods", "-o", "wide")
-                             + cluster.kubectl("describe", "pdd", NAME)
-                             + cluster.pod_logs(NAME)) from None
-    yield NAME
+    yield apply_and_wait_ready(cluster, manifest)
     cluster.kubectl("delete", "pdd", NAME, "--wait=true", "--timeout=240s", timeout=260)
     cluster.kubectl("delete", "pvc", CLAIM, "--wait=true", timeout=60)
 
