@@ -136,7 +136,7 @@ def _check_formats(reader) -> None:
             format_named(t.type_name, t.name, also=tuple(TARGET))
     if transcoded:
         log.info("GGUF formats without kernels of their own, rewritten at load: %s",
-                 ", ".join(f"{n} x {name} as {transcoded_format(name).name}" for name, n in sorted(transcoded.items())))
+                 ", ".join(f"{n} x {name} as {TARGET[name]}" for name, n in sorted(transcoded.items())))
 
 
 def _quantized(t, config: ModelConfig) -> QuantizedTensor:

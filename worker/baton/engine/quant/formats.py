@@ -74,14 +74,19 @@ def row_bytes(fmt: BlockFormat, k: int) -> int:
     return k // BLOCK * fmt.block_bytes
 
 
+def float16_values(pair: np.ndarray) -> np.ndarray:
+    """[..., 2] little-endian bytes -> float32 [...] of the float16 they hold."""
+    return np.ascontiguousarray(pair).view(np.float16)[..., 0].astype(np.float32)
+
+
 def split_blocks(fmt: BlockFormat, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """raw uint8 [rows, nb * block_bytes] -> (d float32 [rows, nb], m float32 [rows, nb],
     u uint8 [rows, nb, 32]): value j of block b is d[b] * u[b, j] + m[b]."""
     rows = raw.shape[0]
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1, fmt.block_bytes)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    d = float16_values(blocks[..., 0:2])
     if fmt.has_min:
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = float16_values(blocks[..., 2:4])
     else:
         m = np.float32(-fmt.offset) * d
     quants = blocks[..., fmt.header_bytes:]

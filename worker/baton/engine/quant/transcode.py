@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat
+from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat, float16_values
 
 SUPER = 256  # values per k-quant super-block
 _Q4_K_BYTES = 144  # d, dmin (float16), 12 bytes of packed 6-bit scales and mins, 128 of nibbles
 _Q5_K_BYTES = 176  # as Q4_K, with 32 bytes of fifth bits before the nibbles
-REQUANTIZED = ("Q6_K",)
-TARGET = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q5_1": "U8M", "Q5_K": "U8M", "Q6_K": "Q8_0"}
 SLICE_VALUES = 1 << 22  # values dequantized at a time when requantizing
 
 
@@ -41,23 +39,10 @@ def transcoded_format(name: str) -> BlockFormat | None:
 def transcode(name: str, raw: np.ndarray, k: int) -> tuple[BlockFormat, np.ndarray]:
     """uint8 [rows, row bytes] of GGUF type `name` -> (format, its uint8 [rows, k / 32 blocks])."""
     name = name.upper()
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if name == "Q4_K":
-        return FORMATS["Q4_1"], _q4_k_as_q4_1(raw, k)
-    if name == "Q5_K":
-        return FORMATS["U8M"], _q5_k_as_u8m(raw, k)
-    if name == "Q5_0":
-        return FORMATS["Q8_0"], _q5_0_as_q8_0(raw, k)
-    if name == "Q5_1":
-        return FORMATS["U8M"], _q5_1_as_u8m(raw, k)
-    if name in REQUANTIZED:
-        return FORMATS["Q8_0"], _requantized_q8_0(name, raw, k)
-    raise ValueError(f"no transcoding for {name}")
-
-
-def _halves(pair: np.ndarray) -> np.ndarray:
-    """[..., 2] little-endian bytes -> float32 of their float16."""
-    return np.ascontiguousarray(pair).view(np.float16)[..., 0].astype(np.float32)
+    if name not in _REWRITES:
+        raise ValueError(f"no transcoding for {name}")
+    target, rewrite = _REWRITES[name]
+    return FORMATS[target], rewrite(np.ascontiguousarray(raw, dtype=np.uint8), k)
 
 
 def _as_half_bytes(values: np.ndarray, what: str) -> np.ndarray:
@@ -83,7 +68,7 @@ def _k_quant_headers(blocks: np.ndarray) -> np.ndarray:
     """[rows, supers, bytes] of Q4_K or Q5_K -> each 32-value block's float16 scale and
     minimum bytes, [rows, supers, 8, 4]: d * sc and -dmin * m (exact in float32: 11 bits
     times 6), rounded to float16."""
-    d, dmin = _halves(blocks[..., 0:2]), _halves(blocks[..., 2:4])
+    d, dmin = float16_values(blocks[..., 0:2]), float16_values(blocks[..., 2:4])
     sc, mn = _k_quant_multipliers(blocks[..., 4:16])
     return np.concatenate([_as_half_bytes(d[..., None] * sc, "block scale"),
                            _as_half_bytes(-dmin[..., None] * mn, "block minimum")], axis=-1)
@@ -109,7 +94,8 @@ def _q4_k_as_q4_1(raw: np.ndarray, k: int) -> np.ndarray:
 def _q5_k_as_u8m(raw: np.ndarray, k: int) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q5_K_BYTES)
-    fifth = np.unpackbits(blocks[..., 16:48, None], axis=-1, bitorder="little")  # [.., 32 values, bit j: sub-block j]
+    # [rows, supers, 32 values, 8]: bit j of byte l is value l's fifth bit in sub-block j
+    fifth = np.unpackbits(blocks[..., 16:48, None], axis=-1, bitorder="little")
     q = _low_nibble_pairs(blocks[..., 48:]) | (fifth.transpose(0, 1, 3, 2) << 4)
     out = np.concatenate([_k_quant_headers(blocks), q ^ np.uint8(0x80)], axis=-1)  # U8M stores u - 128
     return out.reshape(rows, k // BLOCK * FORMATS["U8M"].block_bytes)
@@ -138,11 +124,12 @@ def _q5_1_as_u8m(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, nb * FORMATS["U8M"].block_bytes)
 
 
-def _requantized_q8_0(name: str, raw: np.ndarray, k: int) -> np.ndarray:
+def _q6_k_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
+    """Requantized: Q6_K's values (the gguf package's) a slice of rows at a time."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    qtype = GGMLQuantizationType[name]
+    qtype = GGMLQuantizationType.Q6_K
     rows = raw.shape[0]
     out = np.empty((rows, k // BLOCK * FORMATS["Q8_0"].block_bytes), dtype=np.uint8)
     step = max(1, SLICE_VALUES // k)
@@ -150,3 +137,9 @@ def _requantized_q8_0(name: str, raw: np.ndarray, k: int) -> np.ndarray:
         values = dequantize(raw[first : first + step], qtype).reshape(-1, k).astype(np.float32)
         out[first : first + step] = quantize(values, GGMLQuantizationType.Q8_0)
     return out
+
+
+# GGUF type -> (the format it becomes, the rewrite)
+_REWRITES = {"Q4_K": ("Q4_1", _q4_k_as_q4_1), "Q5_0": ("Q8_0", _q5_0_as_q8_0), "Q5_1": ("U8M", _q5_1_as_u8m),
+             "Q5_K": ("U8M", _q5_k_as_u8m), "Q6_K": ("Q8_0", _q6_k_as_q8_0)}
+TARGET = {name: target for name, (target, _) in _REWRITES.items()}
