@@ -13,7 +13,6 @@ from gguf.quants import quantize as gguf_quantize
 from baton.engine.quant.activations import product_reference, quantize_rows
 from baton.engine.quant.formats import (
     FORMATS,
-    GGUF_FORMATS,
     UnsupportedQuantization,
     dequantize,
     format_named,
@@ -33,7 +32,7 @@ def _gguf_rows(name: str, rows: int, k: int, seed: int = 0) -> tuple[np.ndarray,
     return values, gguf_quantize(values, GGMLQuantizationType[name])
 
 
-@pytest.mark.parametrize("name", GGUF_FORMATS)
+@pytest.mark.parametrize("name", NAMES)
 def test_dequantize_matches_ggml_bit_for_bit(name):
     fmt = FORMATS[name]
     for raw in (_gguf_rows(name, 7, 96)[1], random_rows(fmt, 7, 96, seed=1)):
@@ -42,7 +41,7 @@ def test_dequantize_matches_ggml_bit_for_bit(name):
         np.testing.assert_array_equal(dequantize_rows(fmt, torch.from_numpy(raw)).numpy(), expected)
 
 
-@pytest.mark.parametrize("name", GGUF_FORMATS)
+@pytest.mark.parametrize("name", NAMES)
 def test_ggml_quantization_is_within_one_step(name):
     values, raw = _gguf_rows(name, 4, 64)
     fmt = FORMATS[name]
@@ -79,23 +78,25 @@ def test_q8_quants_are_stored_unsigned():
     assert data[32 + 4 * 3] == raw[3, 2] ^ 0x80
 
 
-def test_u8m_holds_unsigned_bytes_stored_as_q8_0_stores_its_quants():
-    """U8M (written at load for Q5_1 and Q5_K): d * u + m, u kept as u - 128 like Q8_0's
-    signed quants, so the same sign flip reads it everywhere."""
-    fmt = FORMATS["U8M"]
-    raw = random_rows(fmt, 2, 32, seed=9)
-    d, m = (raw[:, 0:2].copy().view(np.float16).astype(np.float32), raw[:, 2:4].copy().view(np.float16).astype(np.float32))
-    u = (raw[:, 4:] ^ 0x80).astype(np.float32)
-    np.testing.assert_array_equal(dequantize(fmt, raw), d * u + m)
-    group = random_rows(fmt, 16, 32)
-    assert interleave(fmt, group)[64 + 4 * 3] == group[3, 4] ^ 0x80  # row 3's first quant, after 16 d and 16 m
+def test_5_bit_fifth_bits_are_worth_16_and_stored_beside_their_nibbles():
+    fmt = FORMATS["Q5_1"]
+    raw = random_rows(fmt, 16, 32, seed=9)
+    raw[:, 4:8] = 0
+    raw[3, 4:8] = np.array([1 << 2 | 1 << 5, 0, 1 << 1, 1 << 7], dtype=np.uint8)  # values 2, 5, 17 and 31
+    d, m, u = split_blocks(fmt, raw)
+    nibbles = np.concatenate([raw[3, 8:] & 0x0F, raw[3, 8:] >> 4])
+    np.testing.assert_array_equal(u[3, 0] - nibbles, [16 if j in (2, 5, 17, 31) else 0 for j in range(32)])
+    data = interleave(fmt, raw)
+    word = data[64 + 4 * 3 : 64 + 4 * 4]  # row 3's, after 16 d and 16 m
+    # byte b, bit j: value 4j + b; bit 4 + j: value 16 + 4j + b (the nibbles' chunk order)
+    assert list(word) == [0, 1 << 1 | 1 << 4, 1 << 0, 1 << 7]  # 5: byte 1 bit 1, 17: byte 1 bit 4, 2: byte 2 bit 0, 31: byte 3 bit 7
 
 
-@pytest.mark.parametrize("name", ["U8M", "Q2_K", "IQ4_NL", "F8"])  # U8M is Baton's own: no file holds it
+@pytest.mark.parametrize("name", ["Q2_K", "IQ4_NL", "F8"])
 def test_an_unsupported_format_is_named(name):
     with pytest.raises(UnsupportedQuantization, match=rf"{name} \(tensor blk\.0\.ffn_down\.weight\).*--quantization none"):
         format_named(name, "blk.0.ffn_down.weight", also=("Q4_K",))
-    with pytest.raises(UnsupportedQuantization, match=r"supported: Q4_0, Q4_1, Q8_0, Q4_K\)"):
+    with pytest.raises(UnsupportedQuantization, match=r"supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K\)"):
         format_named(name, also=("Q4_K",))
 
 
@@ -116,7 +117,7 @@ def test_the_int16_product_is_the_float_product_up_to_input_rounding(name):
     fmt = FORMATS[name]
     raw = random_rows(fmt, 24, 128, seed=7)
     x = np.random.default_rng(8).standard_normal((2, 128)).astype(np.float32)
-    d, m, u = split_blocks(fmt, raw)  # the weights in float64: d * u + m exactly (float32 rounds U8M's)
+    d, m, u = split_blocks(fmt, raw)  # the weights in float64: d * u + m exactly (float32 rounds those with a minimum)
     weights = (d[..., None].astype(np.float64) * u + m[..., None].astype(np.float64)).reshape(24, 128)
     exact = x.astype(np.float64) @ weights.T
     qx = quantize_rows(x)

@@ -83,8 +83,8 @@ static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f,
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
     const __m512 m = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
                                 : _mm512_setzero_ps();
-    const uint8_t *qs = g + QUANT_ROWS * f->header_bytes;
-    if (f->nibbles) {
+    const uint8_t *qs = g + QUANT_ROWS * f->header_bytes, *fifths = fifth_words(g, f);
+    if (f->nibbles && !fifths) {
         __m512 scale, base;
         const __m512 least = f->has_min ? m : _mm512_mul_ps(d, _mm512_set1_ps((float)-f->offset));
         if (bf16_nibble_terms(d, least, &scale, &base)) {
@@ -96,7 +96,8 @@ static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f,
     const __m512i offset = _mm512_set1_epi32(f->offset), low = _mm512_set1_epi32(0xFFFF);
 #define BF16_PAIR(v, shift, mask, p)                                                                     \
     {                                                                                                    \
-        const __m512i w = _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi16(mask));       \
+        __m512i w = _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi16(mask));             \
+        if (fifths) w = FIFTH512(w, fh, shift); /* quant_kernels.h */                                   \
         __m512i lo = _mm512_and_si512(w, low), hi = _mm512_srli_epi32(w, 16);                            \
         if (f->offset) { lo = _mm512_sub_epi32(lo, offset); hi = _mm512_sub_epi32(hi, offset); }          \
         __m512 flo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), fhi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)); \
@@ -105,14 +106,16 @@ static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f,
         _mm512_store_si512((__m512i *)(tile + 32 * (p)), _mm512_permutexvar_epi16(interleave, both));      \
     }
     if (f->nibbles) {
+        const __m512i fw = fifths ? _mm512_loadu_si512(fifths) : _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
-            const __m512i v = _mm512_loadu_si512(qs + 64 * c);
+            const __m512i v = _mm512_loadu_si512(qs + 64 * c), fh = SHIFT_RIGHT512(fw, c);
             BF16_PAIR(v, 0, 0x000F, 2 * c);
             BF16_PAIR(v, 8, 0x000F, 2 * c + 1);
             BF16_PAIR(v, 4, 0x000F, 8 + 2 * c);
             BF16_PAIR(v, 12, 0x000F, 8 + 2 * c + 1);
         }
     } else {
+        const __m512i fh = _mm512_setzero_si512(); /* no fifth bits: unused */
         for (int c = 0; c < 8; c++) {
             const __m512i v = _mm512_loadu_si512(qs + 64 * c);
             BF16_PAIR(v, 0, 0x00FF, 2 * c);

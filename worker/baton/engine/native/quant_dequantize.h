@@ -22,18 +22,32 @@ static inline const uint8_t *block_quants(const uint8_t *g, const QuantFormat *f
     return g + QUANT_ROWS * f->header_bytes + 4 * lane;
 }
 
+/* A 5-bit row's fifth-bit word in its group block, or NULL. */
+static inline const uint8_t *block_fifths(const uint8_t *g, const QuantFormat *f, int lane) {
+    return f->fifth ? fifth_words(g, f) + 4 * lane : NULL;
+}
+
 #if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__F16C__))
 /* A row's 16 bytes of chunks c0..c0+3 (4 bytes each, 64 apart) in value order. */
 static inline __m128i row_bytes(const uint8_t *qs) {
     return _mm_setr_epi32(load_i32(qs), load_i32(qs + 64), load_i32(qs + 128), load_i32(qs + 192));
 }
 
-/* A block's 32 quants of one row as unsigned bytes in value order: values 0-15, 16-31. */
-static inline void block_bytes(const uint8_t *qs, const QuantFormat *f, __m128i halves[2]) {
+/* A block's 32 quants of one row as unsigned bytes in value order: values 0-15, 16-31.
+ * `fifths`: a 5-bit row's fifth-bit word (quant/interleave.py's order: value 4c + b's bit is
+ * bit c of byte b, value 16 + 4c + b's bit 4 + c), else NULL. */
+static inline void block_bytes(const uint8_t *qs, const QuantFormat *f, const uint8_t *fifths, __m128i halves[2]) {
     if (f->nibbles) {
         const __m128i bytes = row_bytes(qs), mask = _mm_set1_epi8(0x0F);
         halves[0] = _mm_and_si128(bytes, mask);
         halves[1] = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        if (fifths) { /* the word in each 32-bit lane c, shifted right by c (+ 4), its bytes' bit 0 to bit 4 */
+            const __m128i word = _mm_set1_epi32(load_i32(fifths)), bit4 = _mm_set1_epi8(0x10);
+            const __m128i low = _mm_srlv_epi32(word, _mm_setr_epi32(0, 1, 2, 3));
+            const __m128i high = _mm_srlv_epi32(word, _mm_setr_epi32(4, 5, 6, 7));
+            halves[0] = _mm_or_si128(halves[0], _mm_and_si128(_mm_slli_epi32(low, 4), bit4));
+            halves[1] = _mm_or_si128(halves[1], _mm_and_si128(_mm_slli_epi32(high, 4), bit4));
+        }
     } else {
         halves[0] = row_bytes(qs);
         halves[1] = row_bytes(qs + 256);
@@ -70,7 +84,7 @@ static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int l
         float d, m;
         block_scales(g, f, lane, &d, &m);
         __m128i halves[2];
-        block_bytes(block_quants(g, f, lane), f, halves);
+        block_bytes(block_quants(g, f, lane), f, block_fifths(g, f, lane), halves);
         const __m512 scale = _mm512_set1_ps(d), min = _mm512_set1_ps(m);
         for (int h = 0; h < 2; h++)
             store16(scaled16(halves[h], f->offset, scale, min, f->has_min), out, b * QUANT_BLOCK + 16 * h, bf16);
@@ -107,7 +121,7 @@ static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int l
         float d, m;
         block_scales(g, f, lane, &d, &m);
         __m128i halves[2];
-        block_bytes(block_quants(g, f, lane), f, halves);
+        block_bytes(block_quants(g, f, lane), f, block_fifths(g, f, lane), halves);
         const __m256 scale = _mm256_set1_ps(d), min = _mm256_set1_ps(m);
         for (int h = 0; h < 2; h++) {
             const int at = b * QUANT_BLOCK + 16 * h;
@@ -123,17 +137,22 @@ static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int l
     for (int b = 0; b < nb; b++, g += step) {
         float d, m, values[QUANT_BLOCK];
         block_scales(g, f, lane, &d, &m);
-        const uint8_t *qs = block_quants(g, f, lane);
+        const uint8_t *qs = block_quants(g, f, lane), *fifths = block_fifths(g, f, lane);
         for (int c = 0; c < (f->nibbles ? 4 : 8); c++)
             for (int j = 0; j < 4; j++) {
                 const uint8_t byte = qs[64 * c + j];
-                if (!f->nibbles) values[4 * c + j] = f->has_min ? d * (float)byte + m : d * (float)((int)byte - f->offset);
-                else if (f->has_min) {
-                    values[4 * c + j] = d * (float)(byte & 0x0F) + m;
-                    values[16 + 4 * c + j] = d * (float)(byte >> 4) + m;
+                if (!f->nibbles) {
+                    values[4 * c + j] = f->has_min ? d * (float)byte + m : d * (float)((int)byte - f->offset);
+                    continue;
+                }
+                const int high = fifths ? fifths[j] : 0; /* bit c: value 4c + j's fifth bit; bit 4 + c: 16 + 4c + j's */
+                const int lo = (byte & 0x0F) | ((high >> c) & 1) << 4, hi = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
+                if (f->has_min) {
+                    values[4 * c + j] = d * (float)lo + m;
+                    values[16 + 4 * c + j] = d * (float)hi + m;
                 } else {
-                    values[4 * c + j] = d * (float)((byte & 0x0F) - f->offset);
-                    values[16 + 4 * c + j] = d * (float)((byte >> 4) - f->offset);
+                    values[4 * c + j] = d * (float)(lo - f->offset);
+                    values[16 + 4 * c + j] = d * (float)(hi - f->offset);
                 }
             }
         if (!bf16) { memcpy((float *)out + b * QUANT_BLOCK, values, sizeof values); continue; }

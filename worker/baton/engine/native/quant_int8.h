@@ -110,24 +110,33 @@ typedef struct { /* where a pass reads a group's blocks: its panel, or the weigh
     int64_t step;          /* bytes a block */
     int quants;            /* bytes from a block's start to its quants (chunks) */
     const QuantFormat *f;  /* in place: how to read the block's scales */
+    int fifths;            /* in place, 5-bit quants: bytes from a block's start to its fifth bits; else -1 */
 } Int8Source;
 
 static Int8Source int8_source(const QuantGroup *group, const uint8_t *panel) {
-    if (panel) return (Int8Source){panel, INT8_PANEL_BLOCK, 0, &group->format};
-    return (Int8Source){group->data, QUANT_ROWS * group->format.block_bytes, QUANT_ROWS * group->format.header_bytes,
-                        &group->format};
+    const QuantFormat *f = &group->format;
+    if (panel) return (Int8Source){panel, INT8_PANEL_BLOCK, 0, f, -1};
+    return (Int8Source){group->data, QUANT_ROWS * f->block_bytes, QUANT_ROWS * f->header_bytes, f,
+                        f->fifth ? QUANT_ROWS * (f->header_bytes - 4) : -1};
 }
 
 /* Chunks j and j + 4 of a block (chunk c: values 4c..4c+3 of each of the 16 rows, one row per
  * 32-bit lane, as unsigned bytes). A panel and an 8-bit block (its sign bits flipped) hold
  * chunk c at quants + 64 c; a 4-bit block in place holds chunk j in the low nibbles of its 64
- * bytes at quants + 64 j, and chunk j + 4 in their high ones. */
+ * bytes at quants + 64 j, and chunk j + 4 in their high ones. A 5-bit block's `fifths` (its
+ * 64 bytes of fifth bits, quant/interleave.py's order) give byte b of each lane bit j for the
+ * low nibbles and bit 4 + j for the high ones, moved to bit 4 here. */
 static inline __attribute__((always_inline)) void int8_chunks(const uint8_t *quants, const int nibbles, int j,
-                                                              __m512i *lo, __m512i *hi) {
+                                                              const uint8_t *fifths, __m512i *lo, __m512i *hi) {
     if (nibbles) {
         const __m512i v = _mm512_loadu_si512(quants + 64 * j), low = _mm512_set1_epi8(0x0F);
         *lo = _mm512_and_si512(v, low);
         *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if (fifths) {
+            const __m512i words = _mm512_loadu_si512(fifths), bit4 = _mm512_set1_epi8(0x10);
+            *lo = _mm512_or_si512(*lo, _mm512_and_si512(_mm512_sll_epi16(words, _mm_cvtsi32_si128(4 - j)), bit4));
+            *hi = _mm512_or_si512(*hi, _mm512_and_si512(_mm512_srl_epi16(words, _mm_cvtsi32_si128(j)), bit4));
+        }
     } else {
         *lo = _mm512_loadu_si512(quants + 64 * j);
         *hi = _mm512_loadu_si512(quants + 64 * (4 + j));
@@ -160,14 +169,14 @@ static void int8_panel(const uint8_t *group, const QuantFormat *f, int nb, uint8
         _mm512_store_ps((float *)(panel + 576), c);
         for (int j = 0; j < 4; j++) {
             __m512i lo, hi;
-            int8_chunks(qs, f->nibbles, j, &lo, &hi);
+            int8_chunks(qs, f->nibbles, j, fifth_words(g, f), &lo, &hi);
             _mm512_store_si512(panel + 64 * j, lo);
             _mm512_store_si512(panel + 64 * (4 + j), hi);
         }
     }
 }
 
-/* An outlier's 16 weights in a group as floats, w = d_w u + c (Q4: u its nibble; Q8_0: its
+/* An outlier's 16 weights in a group as floats, w = d_w u + c (Q4: u its nibble, Q5: with its fifth bit; Q8_0: its
  * byte with the sign flipped). pick[byte]: VPSHUFB's control that takes that byte of each
  * 32-bit lane and zeros the rest. */
 static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const Int8Source *src, const int panel,
@@ -176,6 +185,11 @@ static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const I
     const int i = o->index, nibbles = !panel && src->f->nibbles, chunk = nibbles ? (i % 16) / 4 : i / 4;
     __m512i u = _mm512_shuffle_epi8(_mm512_loadu_si512(g + src->quants + 64 * chunk), pick[i % 4]);
     if (nibbles) u = _mm512_and_si512(_mm512_srli_epi32(u, i >= 16 ? 4 : 0), _mm512_set1_epi32(0x0F));
+    if (nibbles && src->fifths >= 0) { /* byte i % 4 of the fifth words, bit chunk (+ 4 past value 15) */
+        const __m512i high = _mm512_shuffle_epi8(_mm512_loadu_si512(g + src->fifths), pick[i % 4]);
+        const __m512i bit = _mm512_and_si512(_mm512_srli_epi32(high, chunk + (i >= 16 ? 4 : 0)), _mm512_set1_epi32(1));
+        u = _mm512_or_si512(u, _mm512_slli_epi32(bit, 4));
+    }
     __m512 d, c;
     int8_block_scales(g, src->f, panel, &d, &c);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, c);
@@ -207,8 +221,8 @@ static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Sourc
             for (int r = 0; r < R; r++) dots[0][r] = dots[1][r] = _mm512_setzero_si512();
             for (int j = 0; j < 4; j++) {
                 __m512i a_lo, a_hi, b_lo, b_hi;
-                int8_chunks(g0 + src[0].quants, nibbles0, j, &a_lo, &a_hi);
-                int8_chunks(g1 + src[1].quants, nibbles1, j, &b_lo, &b_hi);
+                int8_chunks(g0 + src[0].quants, nibbles0, j, src[0].fifths >= 0 ? g0 + src[0].fifths : NULL, &a_lo, &a_hi);
+                int8_chunks(g1 + src[1].quants, nibbles1, j, src[1].fifths >= 0 ? g1 + src[1].fifths : NULL, &b_lo, &b_hi);
                 for (int r = 0; r < R; r++) {
                     const __m512i x_lo = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
                     const __m512i x_hi = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 16 + 4 * j));

@@ -32,8 +32,8 @@
 #endif
 #define QUANT_BLOCK 32
 
-/* ggml's type ids; U8M (quant/formats.py) is Baton's own: 8-bit quants with a minimum */
-enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q8_0 = 8, FORMAT_U8M = 240 };
+/* ggml's type ids */
+enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q5_0 = 6, FORMAT_Q5_1 = 7, FORMAT_Q8_0 = 8 };
 
 typedef struct { /* a product's input rows in int16 (quant/activations.py) */
     int16_t *q;    /* [rows, k], each 4 values stored as x0 x2 x1 x3 */
@@ -42,10 +42,19 @@ typedef struct { /* a product's input rows in int16 (quant/activations.py) */
 } QuantInput;
 
 typedef struct {
-    int nibbles, has_min, offset, block_bytes, header_bytes;
+    int nibbles, has_min, offset, block_bytes;
+    int header_bytes; /* a row's bytes before its quants: scales, then fifth bits where there are */
+    int fifth;        /* 5-bit quants: 4 bytes of fifth bits a row, after the scales */
 } QuantFormat;
 
 static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* A group block's fifth-bit words (16 rows x 4 bytes, quant/interleave.py's order: byte b of
+ * a row's word holds in bit j the fifth bit of byte b of chunk j's low nibbles, in bit 4 + j
+ * that of its high nibbles), or NULL for formats without. */
+static inline const uint8_t *fifth_words(const uint8_t *g, const QuantFormat *f) {
+    return f->fifth ? g + QUANT_ROWS * (f->header_bytes - 4) : NULL;
+}
 
 /* Ask for the block QUANT_PREFETCH_BLOCKS ahead of block `g` (`step` bytes each) while this
  * one is multiplied. The weights stream from memory once a step and the hardware's own
@@ -79,9 +88,21 @@ static inline float half_to_float(uint16_t h) {
 /* The (weights, input pair offset) of one block: for 4-bit quants, chunk c's 16-bit halves
  * hold bytes 4c..4c+3 of each row; a byte's low nibble is value j, its high nibble j + 16.
  * For 8-bit quants, chunk c holds values 4c..4c+3. `EXTRACT(v, shift, mask)` makes a
- * register of 16-bit weights; DOT adds their products with the input pair at `offset`. */
-#define BLOCK_PRODUCTS(LOAD, EXTRACT, DOT)                                                     \
-    if (f->nibbles) {                                                                          \
+ * register of 16-bit weights; DOT adds their products with the input pair at `offset`.
+ * 5-bit quants: the nibbles EXTRACT(v, s) takes have their fifth bits at bit s + c of each
+ * 16-bit half of the fifth words (`fh`, quant/interleave.py's order); FIFTH(w, fh, s) moves
+ * them, shifted right by c, to bit 4 and ors them in. */
+#define BLOCK_PRODUCTS(LOAD, EXTRACT, DOT, FIFTH, SHIFT_RIGHT)                                 \
+    if (f->nibbles && fifths) {                                                                \
+        const VEC fw = LOAD(fifths);                                                           \
+        for (int c = 0; c < 4; c++) {                                                          \
+            const VEC v = LOAD(qs + 64 * c), fh = SHIFT_RIGHT(fw, c);                          \
+            DOT(FIFTH(EXTRACT(v, 0, 0x000F), fh, 0), 4 * c);                                   \
+            DOT(FIFTH(EXTRACT(v, 8, 0x000F), fh, 8), 4 * c + 2);                               \
+            DOT(FIFTH(EXTRACT(v, 4, 0x000F), fh, 4), 16 + 4 * c);                              \
+            DOT(FIFTH(EXTRACT(v, 12, 0x000F), fh, 12), 16 + 4 * c + 2);                        \
+        }                                                                                      \
+    } else if (f->nibbles) {                                                                   \
         for (int c = 0; c < 4; c++) {                                                          \
             const VEC v = LOAD(qs + 64 * c);                                                   \
             DOT(EXTRACT(v, 0, 0x000F), 4 * c);                                                 \
@@ -108,6 +129,11 @@ static inline float half_to_float(uint16_t h) {
 #define VEC __m512i
 #define LOAD512(p) _mm512_loadu_si512(p)
 #define EXTRACT512(v, shift, mask) _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi16(mask))
+#define SHIFT_RIGHT512(v, c) _mm512_srl_epi16(v, _mm_cvtsi32_si128(c))
+/* s = 0: the fifth bits sit below bit 4 (left by 4); else right by s - 4 */
+#define FIFTH512(w, fh, s)                                                                     \
+    _mm512_or_si512(w, _mm512_and_si512((s) ? _mm512_srli_epi16(fh, (s) ? (s) - 4 : 0) : _mm512_slli_epi16(fh, 4), \
+                                        _mm512_set1_epi16(0x0010)))
 
 static inline __attribute__((always_inline)) void group_dot(
     const uint8_t *g, const QuantFormat *f, int nb, const QuantInput *x, int k, int r0,
@@ -120,7 +146,7 @@ static inline __attribute__((always_inline)) void group_dot(
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
         const __m512 m = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
                                     : _mm512_setzero_ps();
-        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes;
+        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes, *fifths = fifth_words(g, f);
         __m512i s[QUANT_INPUT_ROWS];
         for (int r = 0; r < nr; r++) s[r] = _mm512_setzero_si512();
         const int16_t *xq = x->q + (int64_t)r0 * k + b * QUANT_BLOCK;
@@ -130,7 +156,7 @@ static inline __attribute__((always_inline)) void group_dot(
         for (int r = 0; r < nr; r++)                                                           \
             s[r] = DOT2(s[r], weights, _mm512_set1_epi32(load_i32(xq + (int64_t)r * k + (offset)))); \
     }
-        BLOCK_PRODUCTS(LOAD512, EXTRACT512, DOT_ROWS512)
+        BLOCK_PRODUCTS(LOAD512, EXTRACT512, DOT_ROWS512, FIFTH512, SHIFT_RIGHT512)
 #undef DOT_ROWS512
         for (int r = 0; r < nr; r++) {
             const int64_t at = (int64_t)(r0 + r) * nbk + b;
@@ -148,6 +174,10 @@ static inline __attribute__((always_inline)) void group_dot(
 #define QUANT_KERNEL "avx2"
 #define VEC __m256i
 #define EXTRACT256(v, shift, mask) _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi16(mask))
+#define SHIFT_RIGHT256(v, c) _mm256_srl_epi16(v, _mm_cvtsi32_si128(c))
+#define FIFTH256(w, fh, s)                                                                     \
+    _mm256_or_si256(w, _mm256_and_si256((s) ? _mm256_srli_epi16(fh, (s) ? (s) - 4 : 0) : _mm256_slli_epi16(fh, 4), \
+                                        _mm256_set1_epi16(0x0010)))
 
 /* The group as two halves of 8 rows, one 256-bit register each. */
 static inline __attribute__((always_inline)) void group_dot(
@@ -164,6 +194,7 @@ static inline __attribute__((always_inline)) void group_dot(
             const __m256 m = f->has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 32 + 16 * half)))
                                         : _mm256_setzero_ps();
             const uint8_t *qs = g + QUANT_ROWS * f->header_bytes + 32 * half;
+            const uint8_t *fifths = f->fifth ? fifth_words(g, f) + 32 * half : NULL;
             __m256i s[QUANT_INPUT_ROWS];
             for (int r = 0; r < nr; r++) s[r] = _mm256_setzero_si256();
 #define LOAD256(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -174,7 +205,7 @@ static inline __attribute__((always_inline)) void group_dot(
             s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(weights, _mm256_set1_epi32(        \
                                               load_i32(xq + (int64_t)r * k + (offset)))));     \
     }
-            BLOCK_PRODUCTS(LOAD256, EXTRACT256, DOT_ROWS256)
+            BLOCK_PRODUCTS(LOAD256, EXTRACT256, DOT_ROWS256, FIFTH256, SHIFT_RIGHT256)
 #undef DOT_ROWS256
             for (int r = 0; r < nr; r++) {
                 const int64_t at = (int64_t)(r0 + r) * nbk + b;
@@ -209,12 +240,16 @@ static void group_dot(const uint8_t *g, const QuantFormat *f, int nb, const Quan
             float m = 0.0f;
             if (f->has_min) { memcpy(&bits, g + 32 + 2 * lane, 2); m = half_to_float(bits); }
             int32_t u[QUANT_BLOCK]; /* in the inputs' stored order (x0 x2 x1 x3) */
+            const uint8_t *fifths = fifth_words(g, f);
             for (int c = 0; c < (f->nibbles ? 4 : 8); c++)
                 for (int j = 0; j < 4; j++) {
                     const uint8_t byte = qs[64 * c + 4 * lane + j];
                     const int at = 4 * c + ((j & 1) << 1 | j >> 1);
-                    if (f->nibbles) { u[at] = byte & 0x0F; u[16 + at] = byte >> 4; }
-                    else u[at] = byte;
+                    if (f->nibbles) {
+                        const uint8_t high = fifths ? fifths[4 * lane + j] : 0; /* bit c, bit 4 + c */
+                        u[at] = (byte & 0x0F) | ((high >> c) & 1) << 4;
+                        u[16 + at] = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
+                    } else u[at] = byte;
                 }
             for (int r = 0; r < nr; r++) {
                 const int row = r0 + r;

@@ -1,21 +1,19 @@
 """GGUF block formats that Baton multiplies without dequantizing the matrix (pure numpy).
 
 Every format cuts a row into blocks of 32 values and stores each block as a float16 scale
-(and, for Q4_1, a float16 minimum) followed by its quants (ggml's ggml-common.h):
+(and, for Q4_1 and Q5_1, a float16 minimum) followed by its quants (ggml's ggml-common.h):
 
-    Q4_0  d, 16 bytes of nibbles        value = d * (q - 8),  q in 0..15
-    Q4_1  d, m, 16 bytes of nibbles     value = d * q + m,    q in 0..15
-    Q8_0  d, 32 signed bytes            value = d * q,        q in -128..127
-    U8M   d, m, 32 bytes of u - 128     value = d * u + m,    u in 0..255
+    Q4_0  d, 16 bytes of nibbles                 value = d * (q - 8),   q in 0..15
+    Q4_1  d, m, 16 bytes of nibbles              value = d * q + m,     q in 0..15
+    Q5_0  d, 4 bytes of fifth bits, 16 of nibbles     value = d * (q - 16),  q in 0..31
+    Q5_1  d, m, 4 bytes of fifth bits, 16 of nibbles  value = d * q + m,     q in 0..31
+    Q8_0  d, 32 signed bytes                     value = d * q,         q in -128..127
 
-A nibble byte i holds value i in its low half and value i + 16 in its high half. Every
-format is then `d * u + m` for an unsigned u, the form the kernels compute on: Q4_0 has
-m = -8 d, and Q8_0 stores u = q + 128 (the sign bit flipped) with m = -128 d.
-
-U8M is not ggml's: no file holds it. quant/transcode.py writes it for 5-bit formats with a
-minimum (Q5_1, Q5_K), whose values it holds exactly where 8-bit blocks without a minimum
-cannot. Its bytes are stored as Q8_0's are, so every path that flips Q8_0's sign bits reads
-its u.
+A nibble byte i holds value i in its low half and value i + 16 in its high half; in the
+5-bit formats bit i of the (little-endian) 32-bit word before them is value i's fifth bit,
+worth 16. Every format is then `d * u + m` for an unsigned u, the form the kernels compute
+on: Q4_0 has m = -8 d, Q5_0 m = -16 d, and Q8_0 stores u = q + 128 (the sign bit flipped)
+with m = -128 d.
 """
 
 from __future__ import annotations
@@ -37,33 +35,39 @@ class BlockFormat:
     ggml_type: int  # ggml's type id (GGMLQuantizationType)
     block_bytes: int
     nibbles: bool  # 4-bit quants (two a byte) rather than 8-bit
-    has_min: bool  # a stored float16 minimum (Q4_1)
+    has_min: bool  # a stored float16 minimum (Q4_1, Q5_1)
     offset: int  # m = -offset * d where no minimum is stored
+    fifth_bits: bool = False  # a 32-bit word of fifth bits before the nibbles (Q5_0, Q5_1)
+
+    @property
+    def scale_bytes(self) -> int:
+        return 4 if self.has_min else 2
 
     @property
     def header_bytes(self) -> int:
-        return 4 if self.has_min else 2
+        """Bytes before a block's nibbles or bytes: scales, and fifth bits where there are."""
+        return self.scale_bytes + (4 if self.fifth_bits else 0)
 
 
 FORMATS = {f.name: f for f in (
     BlockFormat("Q4_0", 2, 18, nibbles=True, has_min=False, offset=8),
     BlockFormat("Q4_1", 3, 20, nibbles=True, has_min=True, offset=0),
+    BlockFormat("Q5_0", 6, 22, nibbles=True, has_min=False, offset=16, fifth_bits=True),
+    BlockFormat("Q5_1", 7, 24, nibbles=True, has_min=True, offset=0, fifth_bits=True),
     BlockFormat("Q8_0", 8, 34, nibbles=False, has_min=False, offset=128),
-    BlockFormat("U8M", 240, 36, nibbles=False, has_min=True, offset=0),  # 240: no ggml type id
 )}
-GGUF_FORMATS = ("Q4_0", "Q4_1", "Q8_0")  # those a GGUF file can hold
 BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 
 
 def format_named(name: str, tensor: str = "", also: tuple[str, ...] = ()) -> BlockFormat:
     """The format called `name` (ggml's spelling), or a clear error naming it and the
     formats that are read (these and `also`, those a loader rewrites into these)."""
-    fmt = FORMATS.get(name.upper()) if name.upper() in GGUF_FORMATS else None
+    fmt = FORMATS.get(name.upper())
     if fmt is None:
         where = f" (tensor {tensor})" if tensor else ""
         raise UnsupportedQuantization(
             f"quantization type {name}{where} has no quantized kernel here (supported: "
-            f"{', '.join([*GGUF_FORMATS, *also])}); load the checkpoint with --quantization none to run it "
+            f"{', '.join([*FORMATS, *also])}); load the checkpoint with --quantization none to run it "
             "at full precision")
     return fmt
 
@@ -92,14 +96,21 @@ def split_blocks(fmt: BlockFormat, raw: np.ndarray) -> tuple[np.ndarray, np.ndar
     quants = blocks[..., fmt.header_bytes:]
     if fmt.nibbles:
         u = np.concatenate([quants & 0x0F, quants >> 4], axis=-1)
+        if fmt.fifth_bits:
+            u |= fifth_bits(blocks[..., fmt.scale_bytes : fmt.header_bytes]) << 4
     else:
         u = quants ^ np.uint8(0x80)  # q + 128 as an unsigned byte
     return d, m, u
 
 
+def fifth_bits(words: np.ndarray) -> np.ndarray:
+    """[..., 4] bytes of a 5-bit block's fifth bits -> uint8 [..., 32]: value j's, 0 or 1."""
+    return np.unpackbits(np.ascontiguousarray(words, dtype=np.uint8), axis=-1, bitorder="little")
+
+
 def dequantize(fmt: BlockFormat, raw: np.ndarray) -> np.ndarray:
-    """raw uint8 [rows, row_bytes] -> float32 [rows, k], rounded as ggml rounds: Q4_1 (and
-    U8M) as d * q + m (two float32 roundings), the others as d * (q - offset) (exact)."""
+    """raw uint8 [rows, row_bytes] -> float32 [rows, k], rounded as ggml rounds: Q4_1 and
+    Q5_1 as d * q + m (two float32 roundings), the others as d * (q - offset) (exact)."""
     d, m, u = split_blocks(fmt, raw)
     if fmt.has_min:
         values = d[..., None] * u.astype(np.float32) + m[..., None]

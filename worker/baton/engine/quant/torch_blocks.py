@@ -16,6 +16,11 @@ def dequantize_rows(fmt: BlockFormat, raw: torch.Tensor) -> torch.Tensor:
     quants = blocks[..., fmt.header_bytes:]
     if fmt.nibbles:
         u = torch.cat([quants & 0x0F, quants >> 4], dim=-1)
+        if fmt.fifth_bits:  # bit j of the 4 bytes before the nibbles: value j's, worth 16
+            words = blocks[..., fmt.scale_bytes : fmt.header_bytes].to(torch.int64)
+            word = words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24
+            bits = (word[..., None] >> torch.arange(BLOCK, device=raw.device)) & 1
+            u = u | (bits << 4).to(torch.uint8)
     else:
         u = quants ^ 0x80
     if fmt.has_min:

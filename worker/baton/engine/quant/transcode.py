@@ -1,16 +1,15 @@
 """GGUF formats without kernels of their own, rewritten at load into formats that have them.
 
 Most GGUF files in circulation are k-quant mixes (Q4_K_M, Q5_K_M, Q6_K); where a matrix's
-width is not a multiple of 256 llama.cpp falls back to Q5_0, Q5_1 or Q8_0 for it. Each such
-matrix becomes blocks of 32 the kernels read (quant/formats.py), one tensor at a time, with
-no full-precision copy of more than a slice of rows:
+width is not a multiple of 256 llama.cpp falls back to Q5_0, Q5_1 or Q8_0 for it, which
+are read as they are. Each k-quant matrix becomes blocks of 32 the kernels read
+(quant/formats.py), one tensor at a time, with no full-precision copy of more than a slice
+of rows:
 
     Q4_K  -> Q4_1  the same 4-bit quants; a block's scale d * sc and minimum -dmin * m
                    (6-bit multipliers of the super-block's two float16 scales) rounded to
                    float16: each moves by at most 2^-11 of itself
-    Q5_K  -> U8M   the same 5-bit quants in a byte each, scales as Q4_K's
-    Q5_0  -> Q8_0  exact: d * (q - 16) with q - 16 in -16..15 is a Q8_0 block as it is
-    Q5_1  -> U8M   exact: d * q + m with q in a byte
+    Q5_K  -> Q5_1  the same 5-bit quants, scales as Q4_K's
     Q6_K  -> Q8_0  requantized: its 16-value sub-blocks each have a scale, which no format
                    here holds; 32 values a block to absmax / 127 steps, about four times
                    finer than the 6-bit steps they come from
@@ -91,37 +90,16 @@ def _q4_k_as_q4_1(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, k // BLOCK * FORMATS["Q4_1"].block_bytes)
 
 
-def _q5_k_as_u8m(raw: np.ndarray, k: int) -> np.ndarray:
+def _q5_k_as_q5_1(raw: np.ndarray, k: int) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q5_K_BYTES)
     # [rows, supers, 32 values, 8]: bit j of byte l is value l's fifth bit in sub-block j
     fifth = np.unpackbits(blocks[..., 16:48, None], axis=-1, bitorder="little")
-    q = _low_nibble_pairs(blocks[..., 48:]) | (fifth.transpose(0, 1, 3, 2) << 4)
-    out = np.concatenate([_k_quant_headers(blocks), q ^ np.uint8(0x80)], axis=-1)  # U8M stores u - 128
-    return out.reshape(rows, k // BLOCK * FORMATS["U8M"].block_bytes)
-
-
-def _five_bit_quants(blocks: np.ndarray, high_at: int) -> np.ndarray:
-    """[rows, nb, bytes] of Q5_0 or Q5_1 -> q [rows, nb, 32] in 0..31: value j's fifth bit is
-    bit j of the 4 bytes at `high_at`, its low bits the nibbles that follow (Q4_0's order)."""
-    high = np.unpackbits(blocks[..., high_at : high_at + 4], axis=-1, bitorder="little")
-    qs = blocks[..., high_at + 4 :]
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4)
-
-
-def _q5_0_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
-    rows, nb = raw.shape[0], k // BLOCK
-    blocks = raw.reshape(rows, nb, 22)  # d (float16), 32 fifth bits, 16 bytes of nibbles
-    signed = (_five_bit_quants(blocks, 2).astype(np.int16) - 16).astype(np.int8)
-    out = np.concatenate([blocks[..., 0:2], signed.view(np.uint8)], axis=-1)
-    return out.reshape(rows, nb * FORMATS["Q8_0"].block_bytes)
-
-
-def _q5_1_as_u8m(raw: np.ndarray, k: int) -> np.ndarray:
-    rows, nb = raw.shape[0], k // BLOCK
-    blocks = raw.reshape(rows, nb, 24)  # d, m (float16), 32 fifth bits, 16 bytes of nibbles
-    out = np.concatenate([blocks[..., 0:4], _five_bit_quants(blocks, 4) ^ np.uint8(0x80)], axis=-1)
-    return out.reshape(rows, nb * FORMATS["U8M"].block_bytes)
+    words = np.packbits(fifth.transpose(0, 1, 3, 2), axis=-1, bitorder="little")  # Q5_1's: bit l = value l
+    values = _low_nibble_pairs(blocks[..., 48:])
+    nibbles = values[..., :16] | (values[..., 16:] << 4)
+    out = np.concatenate([_k_quant_headers(blocks), words, nibbles.astype(np.uint8)], axis=-1)
+    return out.reshape(rows, k // BLOCK * FORMATS["Q5_1"].block_bytes)
 
 
 def _q6_k_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
@@ -140,6 +118,5 @@ def _q6_k_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
 
 
 # GGUF type -> (the format it becomes, the rewrite)
-_REWRITES = {"Q4_K": ("Q4_1", _q4_k_as_q4_1), "Q5_0": ("Q8_0", _q5_0_as_q8_0), "Q5_1": ("U8M", _q5_1_as_u8m),
-             "Q5_K": ("U8M", _q5_k_as_u8m), "Q6_K": ("Q8_0", _q6_k_as_q8_0)}
+_REWRITES = {"Q4_K": ("Q4_1", _q4_k_as_q4_1), "Q5_K": ("Q5_1", _q5_k_as_q5_1), "Q6_K": ("Q8_0", _q6_k_as_q8_0)}
 TARGET = {name: target for name, (target, _) in _REWRITES.items()}

@@ -1,4 +1,4 @@
-"""x @ W^T on a GGUF checkpoint's quantized rows (Q4_0, Q4_1, Q8_0, U8M), dequantizing each block
+"""x @ W^T on a GGUF checkpoint's quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), dequantizing each block
 inside the matmul: the GPU side of quant/weight.py, on the blocks as the file stores them, or
 as the loader rewrote them (quant/formats.py, quant/transcode.py). No full-precision copy of
 W exists at any time."""
@@ -21,6 +21,15 @@ def _half(ptr, mask):
 
 
 @triton.jit
+def _fifth_word(ptr, mask):
+    """A 5-bit block's 32 fifth bits (bit j: value j's) as one int32 a row."""
+    word = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+    for i in tl.static_range(1, 4):
+        word = word | (tl.load(ptr + i, mask=mask, other=0).to(tl.int32) << (8 * i))
+    return word
+
+
+@triton.jit
 def _weights(d, m, u, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
     """Dequantized as ggml does: d * u + m (Q4_1), else d * (u - offset) (exact)."""
     if HAS_MIN:
@@ -39,7 +48,7 @@ def _accumulate(acc, x_rows, cols, mask_m, w, DOT_FP32: tl.constexpr):
 @triton.jit
 def _quant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, sxm, som,
                          BLOCK_BYTES: tl.constexpr, HEADER: tl.constexpr, NIBBLES: tl.constexpr,
-                         HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, BLOCK_M: tl.constexpr,
+                         FIFTH: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,10 +64,15 @@ def _quant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, sxm, som,
             m = _half(block + 2, mask_n)[:, None]
         if NIBBLES:  # byte j: value j in its low half, value j + 16 in its high half
             cols = tl.arange(0, 16)
-            q = tl.load(block[:, None] + HEADER + cols[None, :], mask=mask_n[:, None], other=0)
-            w_low = _weights(d, m, (q & 15).to(tl.float32), HAS_MIN, OFFSET)
+            q = tl.load(block[:, None] + HEADER + cols[None, :], mask=mask_n[:, None], other=0).to(tl.int32)
+            low, high = q & 15, q >> 4
+            if FIFTH:  # the word before the nibbles: bit j is value j's fifth bit, worth 16
+                word = _fifth_word(block + HEADER - 4, mask_n)[:, None]
+                low = low | (((word >> cols[None, :]) & 1) << 4)
+                high = high | (((word >> (cols[None, :] + 16)) & 1) << 4)
+            w_low = _weights(d, m, low.to(tl.float32), HAS_MIN, OFFSET)
             acc = _accumulate(acc, x_rows, b * 32 + cols, mask_m, w_low, DOT_FP32)
-            w_high = _weights(d, m, (q >> 4).to(tl.float32), HAS_MIN, OFFSET)
+            w_high = _weights(d, m, high.to(tl.float32), HAS_MIN, OFFSET)
             acc = _accumulate(acc, x_rows, b * 32 + 16 + cols, mask_m, w_high, DOT_FP32)
         else:  # signed bytes: u = q + 128 with OFFSET 128 is d * q
             cols = tl.arange(0, 32)
@@ -91,7 +105,7 @@ def quant_matmul(x: torch.Tensor, weight) -> torch.Tensor:
             _quant_matmul_kernel[grid](
                 x2, data, view, m_rows, rows, weight.k, x2.stride(0), out.stride(0),
                 BLOCK_BYTES=fmt.block_bytes, HEADER=fmt.header_bytes, NIBBLES=fmt.nibbles,
-                HAS_MIN=fmt.has_min, OFFSET=float(fmt.offset), BLOCK_M=block_m, BLOCK_N=64,
+                FIFTH=fmt.fifth_bits, HAS_MIN=fmt.has_min, OFFSET=float(fmt.offset), BLOCK_M=block_m, BLOCK_N=64,
                 DOT_FP32=dot_fp32)
         start += rows
     return out.reshape(*x.shape[:-1], weight.shape[0])
