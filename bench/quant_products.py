@@ -8,6 +8,7 @@ products for one step, best of `--repeats`, the paths taking turns so drift hits
 alike. This is what quant/placement.py's row thresholds are chosen from.
 
     python bench/quant_products.py --threads 1       # writes bench/results/quant_products.json
+    python bench/quant_products.py --model FILE.gguf --rows 1 8 16   # another file's matrices
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model", default=None, help="GGUF file (default: the bundled model)")
     parser.add_argument("--out", type=Path, default=RESULTS / "quant_products.json")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before the native library's OpenMP starts
@@ -41,7 +43,7 @@ def main() -> None:
     from baton.engine.quant.weight import DenseProducts
 
     torch.set_num_threads(args.threads)
-    engine = Engine(dtype="float32", quantization="auto", device="cpu", chunk_size=0, max_num_seqs=8,
+    engine = Engine(args.model, dtype="float32", quantization="auto", device="cpu", chunk_size=0, max_num_seqs=8,
                     kv_cache_memory_gb=0.25)
     weights = quantized_weights(engine.runner.model)
     lib = weights[0]._lib
@@ -79,6 +81,7 @@ def main() -> None:
 
     result = {"machine": machine_record(args.threads), "model": engine.model_name,
               "matrices": len(weights), "weights": sum(w.shape[0] * w.shape[1] for w in weights),
+              "formats": sorted({w.describe() for w in weights}), "weight_bytes": sum(w.nbytes for w in weights),
               "repeats": args.repeats, "ms_per_step_best": table,
               "int16_kernel": native_quant.kernel_name(lib), "panel_engines": native_quant.panel_engines(lib)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -70,13 +70,26 @@ def test_q6_k_is_requantized_within_half_a_q8_0_step():
     assert (error <= absmax * (0.5 / 127 + 2.0**-11) + 1e-7).all()
 
 
-def test_rows_are_requantized_in_slices_the_same_as_whole(monkeypatch):
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_rows_are_rewritten_in_slices_on_threads_the_same_as_whole(monkeypatch, name):
     import baton.engine.quant.transcode as transcode_module
 
-    raw = random_source_rows("Q6_K", 9, 256, seed=4)
-    whole = transcode("Q6_K", raw, 256)[1]
+    raw = random_source_rows(name, 9, 256, seed=4)
+    whole = transcode(name, raw, 256, threads=1)[1]
     monkeypatch.setattr(transcode_module, "SLICE_VALUES", 2 * 256)  # two rows a slice, the last alone
-    np.testing.assert_array_equal(transcode("Q6_K", raw, 256)[1], whole)
+    np.testing.assert_array_equal(transcode(name, raw, 256, threads=1)[1], whole)
+    np.testing.assert_array_equal(transcode(name, raw, 256, threads=3)[1], whole)
+
+
+def test_a_failing_slice_fails_the_whole_rewrite(monkeypatch):
+    import baton.engine.quant.transcode as transcode_module
+
+    raw = random_source_rows("Q4_K", 9, 256)
+    raw[7, 0:2] = np.array([60000], np.float16).view(np.uint8)  # row 7's scale past float16 once multiplied
+    raw[7, 4] = 63
+    monkeypatch.setattr(transcode_module, "SLICE_VALUES", 2 * 256)
+    with pytest.raises(ValueError, match="does not fit a float16"):
+        transcode("Q4_K", raw, 256, threads=3)
 
 
 def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():

@@ -14,10 +14,15 @@ of rows:
                    here holds; 32 values a block to absmax / 127 steps, about four times
                    finer than the 6-bit steps they come from
 
-The values of each source format are the `gguf` package's (ggml's definitions).
+The values of each source format are the `gguf` package's (ggml's definitions). A matrix
+is rewritten in slices of rows on the process's cores (numpy leaves the interpreter lock
+in its array loops), each slice to its place in the output.
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -26,7 +31,7 @@ from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat, float16_valu
 SUPER = 256  # values per k-quant super-block
 _Q4_K_BYTES = 144  # d, dmin (float16), 12 bytes of packed 6-bit scales and mins, 128 of nibbles
 _Q5_K_BYTES = 176  # as Q4_K, with 32 bytes of fifth bits before the nibbles
-SLICE_VALUES = 1 << 22  # values dequantized at a time when requantizing
+SLICE_VALUES = 1 << 22  # values rewritten at a time (per thread): bounds the temporaries
 
 
 def transcoded_format(name: str) -> BlockFormat | None:
@@ -35,13 +40,36 @@ def transcoded_format(name: str) -> BlockFormat | None:
     return FORMATS[target] if target else None
 
 
-def transcode(name: str, raw: np.ndarray, k: int) -> tuple[BlockFormat, np.ndarray]:
-    """uint8 [rows, row bytes] of GGUF type `name` -> (format, its uint8 [rows, k / 32 blocks])."""
+def transcode(name: str, raw: np.ndarray, k: int, threads: int | None = None) -> tuple[BlockFormat, np.ndarray]:
+    """uint8 [rows, row bytes] of GGUF type `name` -> (format, its uint8 [rows, k / 32 blocks]),
+    on `threads` threads (default: the cores this process may run on)."""
     name = name.upper()
     if name not in _REWRITES:
         raise ValueError(f"no transcoding for {name}")
     target, rewrite = _REWRITES[name]
-    return FORMATS[target], rewrite(np.ascontiguousarray(raw, dtype=np.uint8), k)
+    fmt = FORMATS[target]
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    rows = raw.shape[0]
+    out = np.empty((rows, k // BLOCK * fmt.block_bytes), dtype=np.uint8)
+    step = max(1, SLICE_VALUES // k)
+    starts = range(0, rows, step)
+
+    def rewrite_slice(first: int) -> None:
+        out[first : first + step] = rewrite(raw[first : first + step], k)
+
+    workers = min(len(starts), threads or _usable_cores())
+    if workers <= 1:
+        for first in starts:
+            rewrite_slice(first)
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="transcode") as pool:
+            list(pool.map(rewrite_slice, starts))  # the first failure is raised here
+    return fmt, out
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a worker's pinned ones), where the OS says."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _as_half_bytes(values: np.ndarray, what: str) -> np.ndarray:
@@ -103,18 +131,12 @@ def _q5_k_as_q5_1(raw: np.ndarray, k: int) -> np.ndarray:
 
 
 def _q6_k_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
-    """Requantized: Q6_K's values (the gguf package's) a slice of rows at a time."""
+    """Requantized: Q6_K's values (the gguf package's) to Q8_0 blocks."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    qtype = GGMLQuantizationType.Q6_K
-    rows = raw.shape[0]
-    out = np.empty((rows, k // BLOCK * FORMATS["Q8_0"].block_bytes), dtype=np.uint8)
-    step = max(1, SLICE_VALUES // k)
-    for first in range(0, rows, step):
-        values = dequantize(raw[first : first + step], qtype).reshape(-1, k).astype(np.float32)
-        out[first : first + step] = quantize(values, GGMLQuantizationType.Q8_0)
-    return out
+    values = dequantize(raw, GGMLQuantizationType.Q6_K).reshape(-1, k).astype(np.float32)
+    return quantize(values, GGMLQuantizationType.Q8_0)
 
 
 # GGUF type -> (the format it becomes, the rewrite)
