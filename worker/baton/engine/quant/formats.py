@@ -3,11 +3,11 @@
 Every format cuts a row into blocks of 32 values and stores each block as a float16 scale
 (and, for Q4_1 and Q5_1, a float16 minimum) followed by its quants (ggml's ggml-common.h):
 
-    Q4_0  d, 16 bytes of nibbles                 value = d * (q - 8),   q in 0..15
-    Q4_1  d, m, 16 bytes of nibbles              value = d * q + m,     q in 0..15
+    Q4_0  d, 16 bytes of nibbles                      value = d * (q - 8),   q in 0..15
+    Q4_1  d, m, 16 bytes of nibbles                   value = d * q + m,     q in 0..15
     Q5_0  d, 4 bytes of fifth bits, 16 of nibbles     value = d * (q - 16),  q in 0..31
     Q5_1  d, m, 4 bytes of fifth bits, 16 of nibbles  value = d * q + m,     q in 0..31
-    Q8_0  d, 32 signed bytes                     value = d * q,         q in -128..127
+    Q8_0  d, 32 signed bytes                          value = d * q,         q in -128..127
 
 A nibble byte i holds value i in its low half and value i + 16 in its high half; in the
 5-bit formats bit i of the (little-endian) 32-bit word before them is value i's fifth bit,
