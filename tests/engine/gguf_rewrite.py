@@ -11,9 +11,11 @@ from gguf.quants import dequantize, quantize
 
 from baton.engine.loader import bundled_model_path
 
-from .kquant_encode import encode_q4_k, encode_q5_k, encode_q6_k
+from .kquant_encode import encode_iq4_nl, encode_iq4_xs, encode_q4_k, encode_q5_k, encode_q6_k
 
-_ENCODERS = {"Q4_K": encode_q4_k, "Q5_K": encode_q5_k, "Q6_K": encode_q6_k}  # what the gguf package cannot write
+# what the gguf package cannot write
+_ENCODERS = {"Q4_K": encode_q4_k, "Q5_K": encode_q5_k, "Q6_K": encode_q6_k, "IQ4_NL": encode_iq4_nl,
+             "IQ4_XS": encode_iq4_xs}
 
 
 def rewrite_gguf(files: dict[Path, dict[str, str]], layers: int) -> None:

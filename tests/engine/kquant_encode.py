@@ -1,10 +1,13 @@
-"""Q4_K, Q5_K and Q6_K encoders for tests (the `gguf` package reads k-quants but cannot write them):
-plain min/max scales, laid out as ggml's ggml-common.h lays them out. Whether the layout is
-right is checked by reading the blocks back with the gguf package."""
+"""Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS encoders for tests (the `gguf` package reads them but
+cannot write them): plain absmax or min/max scales, laid out as ggml's ggml-common.h lays
+them out. Whether the layout is right is checked by reading the blocks back with the gguf
+package."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from baton.engine.quant.formats import IQ4_NL_LEVELS
 
 SUPER = 256
 
@@ -73,3 +76,46 @@ def encode_q6_k(values: np.ndarray) -> np.ndarray:
     supers = k // SUPER
     return np.concatenate([ql.reshape(rows, supers, 128), qh.reshape(rows, supers, 64),
                            sc.view(np.uint8), d_bytes], axis=-1).reshape(rows, -1)
+
+
+def _nearest_levels(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Each value's index among IQ4_NL's 16 levels nearest x / step, as uint8."""
+    target = _divide(x, step[..., None])
+    levels = np.array(IQ4_NL_LEVELS, dtype=np.float32)
+    return np.abs(target[..., None] - levels).argmin(axis=-1).astype(np.uint8)
+
+
+def _iq4_nibbles(q: np.ndarray) -> np.ndarray:
+    """[..., 32] indices -> [..., 16] bytes: value j low, j + 16 high (as Q4_0)."""
+    return q[..., :16] | (q[..., 16:] << 4)
+
+
+def _signed_steps(x: np.ndarray) -> np.ndarray:
+    """Per block of the last axis, the step that takes its largest |value| to level -127
+    (the levels reach -127 but only +113)."""
+    largest = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    return -largest / 127
+
+
+def encode_iq4_nl(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 32 * 18]: value = d K[q] per 32."""
+    rows, k = values.shape
+    x = values.reshape(rows, k // 32, 32).astype(np.float32)
+    d_bytes, d = _half(_signed_steps(x))
+    return np.concatenate([d_bytes, _iq4_nibbles(_nearest_levels(x, d))], axis=-1).reshape(rows, -1)
+
+
+def encode_iq4_xs(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 256 * 136]: value = d (ls - 32) K[q] per 32, ls a
+    6-bit multiplier (low nibbles packed two a byte, high 2 bits in a 16-bit word)."""
+    rows, k = values.shape
+    x = values.reshape(rows, k // SUPER, 8, 32).astype(np.float32)
+    scale = _signed_steps(x)
+    d_bytes, d = _half(np.abs(scale).max(axis=-1) / 31)
+    ls = np.clip(np.rint(_divide(scale, d[..., None])), -32, 31).astype(np.int32) + 32
+    q = _nearest_levels(x, d[..., None] * (ls - 32))
+    low = (ls & 0x0F).astype(np.uint8)
+    scales_l = low[..., 0::2] | (low[..., 1::2] << 4)  # [.., 4]
+    scales_h = ((ls >> 4) << (2 * np.arange(8))).sum(axis=-1).astype(np.uint16)  # [..]
+    return np.concatenate([d_bytes, scales_h[..., None].view(np.uint8), scales_l,
+                           _iq4_nibbles(q).reshape(rows, k // SUPER, 128)], axis=-1).reshape(rows, -1)

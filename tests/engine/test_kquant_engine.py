@@ -1,8 +1,8 @@
-"""The engine on a k-quant mix (`quantization="auto"`), as llama.cpp's Q4_K_M and Q5_K_M
-write them: Q4_K, Q5_K and Q6_K where a matrix's width is a multiple of 256, Q5_0 and Q5_1
-where it is not. Each k-quant matrix is rewritten at load into a format with kernels
-(quant/transcode.py), the 5-bit ones are read as they are; the engine is compared with the same file dequantized by the gguf
-package (`quantization="none"`)."""
+"""The engine on a k-quant mix (`quantization="auto"`), as llama.cpp's Q4_K_M, Q5_K_M and
+IQ4_XS write them: Q4_K, Q5_K, Q6_K and IQ4_XS where a matrix's width is a multiple of 256,
+Q5_0, Q5_1 and IQ4_NL where it is not. The first four are rewritten at load into formats
+with kernels (quant/transcode.py), the others read as they are; the engine is compared with
+the same file dequantized by the gguf package (`quantization="none"`)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,16 @@ from .gguf_rewrite import rewrite_gguf
 from .test_quantized_engine import HELD_OUT
 
 MIX = {"blk.0.ffn_down.weight": "Q4_K", "blk.1.ffn_down.weight": "Q6_K", "blk.2.ffn_down.weight": "Q5_K",
+       "blk.3.ffn_down.weight": "IQ4_XS",  # IQ4_XS files: IQ4_NL where a width is not a multiple of 256
        "blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_1",  # Q and K rows are permuted in the file
-       "blk.1.ffn_up.weight": "Q5_1"}
+       "blk.1.ffn_up.weight": "Q5_1", "blk.2.ffn_gate.weight": "IQ4_NL"}
+LAYERS = 4
 
 
 @pytest.fixture(scope="module")
 def kquant_file(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("gguf") / "kquant_mix.gguf"
-    rewrite_gguf({path: MIX}, layers=3)
+    rewrite_gguf({path: MIX}, layers=LAYERS)
     return str(path)
 
 
@@ -39,11 +41,13 @@ def reference(kquant_file):
 def test_a_kquant_mix_loads_into_kernel_formats_and_says_which(kquant_file, caplog):
     with caplog.at_level(logging.INFO, logger="baton.engine.gguf_source"):
         engine = make_engine(model=kquant_file, quantization="auto", num_kv_blocks=64)
-    assert "rewritten at load: 1 x Q4_K as Q4_1, 1 x Q5_K as Q5_1, 1 x Q6_K as Q8_0" in caplog.text
+    assert "rewritten at load: 1 x IQ4_XS as IQ4_NL, 1 x Q4_K as Q4_1, 1 x Q5_K as Q5_1, 1 x Q6_K as Q8_0" \
+           in caplog.text
     model = engine.runner.model
-    assert [model.layers[i].down.describe() for i in range(3)] == ["Q4_1", "Q8_0", "Q5_1"]
+    assert [model.layers[i].down.describe() for i in range(4)] == ["Q4_1", "Q8_0", "Q5_1", "IQ4_NL"]
     assert model.layers[0].qkv.describe() == "Q5_0+Q5_1+Q4_1"  # Q, K, V as filed
     assert model.layers[1].gate_up.describe() == "Q4_1+Q5_1"
+    assert model.layers[2].gate_up.describe() == "IQ4_NL+Q4_1"
     assert isinstance(model.embed, QuantizedWeight)
     assert not [name for name, p in model.named_parameters() if p.dim() > 1]  # no full-precision matrix
 

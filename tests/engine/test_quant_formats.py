@@ -13,6 +13,7 @@ from gguf.quants import quantize as gguf_quantize
 from baton.engine.quant.activations import product_reference, quantize_rows
 from baton.engine.quant.formats import (
     FORMATS,
+    IQ4_NL_LEVELS,
     UnsupportedQuantization,
     dequantize,
     format_named,
@@ -21,9 +22,13 @@ from baton.engine.quant.formats import (
 from baton.engine.quant.interleave import ROWS, deinterleave, interleave
 from baton.engine.quant.torch_blocks import dequantize_rows
 
+from .kquant_encode import encode_iq4_nl
 from .quant_data import random_rows
 
 NAMES = list(FORMATS)
+
+
+LINEAR = [name for name in NAMES if not FORMATS[name].lookup]  # those the gguf package can also write
 
 
 def _gguf_rows(name: str, rows: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -35,13 +40,14 @@ def _gguf_rows(name: str, rows: int, k: int, seed: int = 0) -> tuple[np.ndarray,
 @pytest.mark.parametrize("name", NAMES)
 def test_dequantize_matches_ggml_bit_for_bit(name):
     fmt = FORMATS[name]
-    for raw in (_gguf_rows(name, 7, 96)[1], random_rows(fmt, 7, 96, seed=1)):
+    written = [_gguf_rows(name, 7, 96)[1]] if name in LINEAR else [encode_iq4_nl(_gguf_rows("Q8_0", 7, 96)[0])]
+    for raw in (*written, random_rows(fmt, 7, 96, seed=1)):
         expected = gguf_dequantize(raw, GGMLQuantizationType[name]).reshape(7, 96)
         np.testing.assert_array_equal(dequantize(fmt, raw), expected)
         np.testing.assert_array_equal(dequantize_rows(fmt, torch.from_numpy(raw)).numpy(), expected)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", LINEAR)
 def test_ggml_quantization_is_within_one_step(name):
     values, raw = _gguf_rows(name, 4, 64)
     fmt = FORMATS[name]
@@ -92,11 +98,11 @@ def test_5_bit_fifth_bits_are_worth_16_and_stored_beside_their_nibbles():
     assert list(word) == [0, 1 << 1 | 1 << 4, 1 << 0, 1 << 7]  # 5: byte 1 bit 1, 17: byte 1 bit 4, 2: byte 2 bit 0, 31: byte 3 bit 7
 
 
-@pytest.mark.parametrize("name", ["Q2_K", "IQ4_NL", "F8"])
+@pytest.mark.parametrize("name", ["Q2_K", "IQ3_S", "F8"])
 def test_an_unsupported_format_is_named(name):
     with pytest.raises(UnsupportedQuantization, match=rf"{name} \(tensor blk\.0\.ffn_down\.weight\).*--quantization none"):
         format_named(name, "blk.0.ffn_down.weight", also=("Q4_K",))
-    with pytest.raises(UnsupportedQuantization, match=r"supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K\)"):
+    with pytest.raises(UnsupportedQuantization, match=r"supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K\)"):
         format_named(name, also=("Q4_K",))
 
 
@@ -127,3 +133,12 @@ def test_the_int16_product_is_the_float_product_up_to_input_rounding(name):
     assert (np.abs(got - exact) <= bound).all()
     x_rounded = (qx.q.reshape(2, 4, 32) * qx.d[..., None].astype(np.float64)).reshape(2, 128)
     np.testing.assert_allclose(got, x_rounded @ weights.T, rtol=1e-9, atol=1e-9)
+
+
+def test_iq4_nl_nibbles_stand_for_its_16_levels():
+    fmt = FORMATS["IQ4_NL"]
+    raw = random_rows(fmt, 2, 32, seed=4)
+    raw[0, 2:] = np.arange(16, dtype=np.uint8) | (np.arange(16, dtype=np.uint8)[::-1] << 4)  # each index twice
+    d = raw[0, 0:2].copy().view(np.float16).astype(np.float32)
+    levels = np.array(IQ4_NL_LEVELS, dtype=np.float32)
+    np.testing.assert_array_equal(dequantize(fmt, raw)[0], d * np.concatenate([levels, levels[::-1]]))

@@ -11,10 +11,11 @@ from gguf.quants import dequantize as gguf_dequantize
 from baton.engine.quant.formats import FORMATS, dequantize
 from baton.engine.quant.transcode import TARGET, transcode, transcoded_format
 
-from .kquant_encode import encode_q4_k, encode_q5_k, encode_q6_k
+from .kquant_encode import encode_iq4_nl, encode_iq4_xs, encode_q4_k, encode_q5_k, encode_q6_k
 
 # where each source format keeps its float16 scales: (offset of d, offset of its min or None)
-_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q5_0": (0, None), "Q5_1": (0, 2)}
+_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q5_0": (0, None), "Q5_1": (0, 2),
+           "IQ4_XS": (0, None)}
 
 
 def random_source_rows(name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
@@ -58,6 +59,17 @@ def test_k_quants_keep_their_quants_with_block_scales_rounded_to_float16(name, t
     assert np.abs(got - expected).max() > 0  # the rounding is real: this test can see it
 
 
+def test_iq4_xs_keeps_its_indices_with_block_scales_rounded_to_float16():
+    raw = random_source_rows("IQ4_XS", 6, 512, seed=2)
+    fmt, out = transcode("IQ4_XS", raw, 512)
+    assert fmt is FORMATS["IQ4_NL"] and out.shape == (6, 16 * fmt.block_bytes)
+    got, expected = dequantize(fmt, out), _reference("IQ4_XS", raw, 512)
+    scale = np.abs(out.reshape(6, 16, 18)[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    bound = np.repeat(scale * 127 * 2.0**-11 + 1e-9, 32, axis=-1)  # the block scale's rounding, at the largest level
+    assert (np.abs(got - expected) <= bound).all()
+    assert np.abs(got - expected).max() > 0
+
+
 def test_q6_k_is_requantized_within_half_a_q8_0_step():
     k = 512
     raw = random_source_rows("Q6_K", 4, k, seed=3)
@@ -70,7 +82,7 @@ def test_q6_k_is_requantized_within_half_a_q8_0_step():
     assert (error <= absmax * (0.5 / 127 + 2.0**-11) + 1e-7).all()
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_rows_are_rewritten_in_slices_on_threads_the_same_as_whole(monkeypatch, name):
     import baton.engine.quant.transcode as transcode_module
 
@@ -98,10 +110,14 @@ def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():
         decoded = _reference(name, encode(values), 512)
         span = np.ptp(values.reshape(3, -1, 16), axis=-1).max()
         assert np.abs(decoded - values).max() <= span / levels * 1.5, name
+    for encode, name in ((encode_iq4_nl, "IQ4_NL"), (encode_iq4_xs, "IQ4_XS")):  # levels up to 24 apart, of 127
+        decoded = _reference(name, encode(values), 512)
+        absmax = np.abs(values.reshape(3, -1, 256)).max(axis=-1, keepdims=True)
+        assert (np.abs(decoded - values).reshape(3, -1, 256) <= absmax * 14 / 127).all(), name
 
 
 def test_only_the_formats_named_are_transcoded():
-    assert set(TARGET) == {"Q4_K", "Q5_K", "Q6_K"}
+    assert set(TARGET) == {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
     assert transcoded_format("q4_k") is FORMATS["Q4_1"] and transcoded_format("Q5_K") is FORMATS["Q5_1"]
     assert transcoded_format("Q4_1") is None
     assert transcoded_format("IQ4_NL") is None

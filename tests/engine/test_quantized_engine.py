@@ -188,7 +188,7 @@ def test_q4_0_and_q8_0_parts_in_one_matrix(small_files, small_reference):
 
 
 def test_an_unsupported_format_is_a_clear_error(small_files):
-    with pytest.raises(UnsupportedQuantization, match=r"MXFP4 \(tensor blk\.0\.ffn_gate\.weight\).*Q5_1, Q8_0, Q4_K, Q5_K, Q6_K\)"):
+    with pytest.raises(UnsupportedQuantization, match=r"MXFP4 \(tensor blk\.0\.ffn_gate\.weight\).*Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS\)"):
         make_engine(model=small_files["mxfp4"], quantization="auto", num_kv_blocks=16)
 
 

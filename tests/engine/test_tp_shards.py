@@ -101,7 +101,7 @@ def test_sliced_projections_recombine_to_the_full_products():
     assert shard_tensor("model.layers.0.input_layernorm.weight", norm, head_dim, shards[1]) is norm
 
 
-@pytest.mark.parametrize("fmt_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("fmt_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"])
 def test_quantized_matrices_are_cut_into_whole_blocks_without_dequantizing(fmt_name):
     """Rows and block-aligned column runs stay quantized, holding exactly the values of the
     same cut of the dequantized matrix; a column cut inside a block is dequantized."""

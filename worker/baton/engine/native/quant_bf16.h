@@ -84,7 +84,7 @@ static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f,
     const __m512 m = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
                                 : _mm512_setzero_ps();
     const uint8_t *qs = g + QUANT_ROWS * f->header_bytes, *fifths = fifth_words(g, f);
-    if (f->nibbles && !fifths) {
+    if (f->nibbles && !fifths && !f->lookup) {
         __m512 scale, base;
         const __m512 least = f->has_min ? m : _mm512_mul_ps(d, _mm512_set1_ps((float)-f->offset));
         if (bf16_nibble_terms(d, least, &scale, &base)) {
@@ -93,11 +93,12 @@ static inline void bf16_dequantize_block(const uint8_t *g, const QuantFormat *f,
         }
     }
     const __m512i interleave = BF16_INTERLEAVE;
-    const __m512i offset = _mm512_set1_epi32(f->offset), low = _mm512_set1_epi32(0xFFFF);
+    const __m512i offset = _mm512_set1_epi32(f->offset), low = _mm512_set1_epi32(0xFFFF), table = TABLE512;
 #define BF16_PAIR(v, shift, mask, p)                                                                     \
     {                                                                                                    \
         __m512i w = _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi16(mask));             \
         if (fifths) w = FIFTH512(w, fh, shift); /* quant_kernels.h */                                   \
+        if (f->lookup) w = LOOKUP512(w, table);                                                          \
         __m512i lo = _mm512_and_si512(w, low), hi = _mm512_srli_epi32(w, 16);                            \
         if (f->offset) { lo = _mm512_sub_epi32(lo, offset); hi = _mm512_sub_epi32(hi, offset); }          \
         __m512 flo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), fhi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)); \

@@ -48,6 +48,11 @@ static inline void block_bytes(const uint8_t *qs, const QuantFormat *f, const ui
             halves[0] = _mm_or_si128(halves[0], _mm_and_si128(_mm_slli_epi32(low, 4), bit4));
             halves[1] = _mm_or_si128(halves[1], _mm_and_si128(_mm_slli_epi32(high, 4), bit4));
         }
+        if (f->lookup) { /* IQ4_NL: each nibble's u */
+            const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_NL_U);
+            halves[0] = _mm_shuffle_epi8(table, halves[0]);
+            halves[1] = _mm_shuffle_epi8(table, halves[1]);
+        }
     } else {
         halves[0] = row_bytes(qs);
         halves[1] = row_bytes(qs + 256);
@@ -146,7 +151,8 @@ static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int l
                     continue;
                 }
                 const int high = fifths ? fifths[j] : 0; /* bit c: value 4c + j's fifth bit; bit 4 + c: 16 + 4c + j's */
-                const int lo = (byte & 0x0F) | ((high >> c) & 1) << 4, hi = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
+                int lo = (byte & 0x0F) | ((high >> c) & 1) << 4, hi = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
+                if (f->lookup) { lo = IQ4_NL_U[lo]; hi = IQ4_NL_U[hi]; }
                 if (f->has_min) {
                     values[4 * c + j] = d * (float)lo + m;
                     values[16 + 4 * c + j] = d * (float)hi + m;

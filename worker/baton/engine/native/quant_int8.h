@@ -125,13 +125,20 @@ static Int8Source int8_source(const QuantGroup *group, const uint8_t *panel) {
  * chunk c at quants + 64 c; a 4-bit block in place holds chunk j in the low nibbles of its 64
  * bytes at quants + 64 j, and chunk j + 4 in their high ones. A 5-bit block's `fifths` (its
  * 64 bytes of fifth bits, quant/interleave.py's order) give byte b of each lane bit j for the
- * low nibbles and bit 4 + j for the high ones, moved to bit 4 here. */
+ * low nibbles and bit 4 + j for the high ones, moved to bit 4 here; `lookup` (IQ4_NL) swaps
+ * each nibble for its u. */
 static inline __attribute__((always_inline)) void int8_chunks(const uint8_t *quants, const int nibbles, int j,
-                                                              const uint8_t *fifths, __m512i *lo, __m512i *hi) {
+                                                              const uint8_t *fifths, const int lookup,
+                                                              __m512i *lo, __m512i *hi) {
     if (nibbles) {
         const __m512i v = _mm512_loadu_si512(quants + 64 * j), low = _mm512_set1_epi8(0x0F);
         *lo = _mm512_and_si512(v, low);
         *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if (lookup) { /* IQ4_NL: each nibble's u */
+            const __m512i table = TABLE512;
+            *lo = _mm512_shuffle_epi8(table, *lo);
+            *hi = _mm512_shuffle_epi8(table, *hi);
+        }
         if (fifths) {
             const __m512i words = _mm512_loadu_si512(fifths), bit4 = _mm512_set1_epi8(0x10);
             *lo = _mm512_or_si512(*lo, _mm512_and_si512(_mm512_sll_epi16(words, _mm_cvtsi32_si128(4 - j)), bit4));
@@ -169,14 +176,14 @@ static void int8_panel(const uint8_t *group, const QuantFormat *f, int nb, uint8
         _mm512_store_ps((float *)(panel + 576), c);
         for (int j = 0; j < 4; j++) {
             __m512i lo, hi;
-            int8_chunks(qs, f->nibbles, j, fifth_words(g, f), &lo, &hi);
+            int8_chunks(qs, f->nibbles, j, fifth_words(g, f), f->lookup, &lo, &hi);
             _mm512_store_si512(panel + 64 * j, lo);
             _mm512_store_si512(panel + 64 * (4 + j), hi);
         }
     }
 }
 
-/* An outlier's 16 weights in a group as floats, w = d_w u + c (Q4: u its nibble, Q5: with its fifth bit; Q8_0: its
+/* An outlier's 16 weights in a group as floats, w = d_w u + c (Q4: u its nibble, Q5: with its fifth bit, IQ4_NL: the nibble's u; Q8_0: its
  * byte with the sign flipped). pick[byte]: VPSHUFB's control that takes that byte of each
  * 32-bit lane and zeros the rest. */
 static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const Int8Source *src, const int panel,
@@ -190,6 +197,8 @@ static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const I
         const __m512i bit = _mm512_and_si512(_mm512_srli_epi32(high, chunk + (i >= 16 ? 4 : 0)), _mm512_set1_epi32(1));
         u = _mm512_or_si512(u, _mm512_slli_epi32(bit, 4));
     }
+    if (nibbles && src->f->lookup) /* IQ4_NL: the nibble's u, in the lane's low byte */
+        u = _mm512_and_si512(_mm512_shuffle_epi8(TABLE512, u), _mm512_set1_epi32(0xFF));
     __m512 d, c;
     int8_block_scales(g, src->f, panel, &d, &c);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, c);
@@ -221,8 +230,10 @@ static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Sourc
             for (int r = 0; r < R; r++) dots[0][r] = dots[1][r] = _mm512_setzero_si512();
             for (int j = 0; j < 4; j++) {
                 __m512i a_lo, a_hi, b_lo, b_hi;
-                int8_chunks(g0 + src[0].quants, nibbles0, j, src[0].fifths >= 0 ? g0 + src[0].fifths : NULL, &a_lo, &a_hi);
-                int8_chunks(g1 + src[1].quants, nibbles1, j, src[1].fifths >= 0 ? g1 + src[1].fifths : NULL, &b_lo, &b_hi);
+                int8_chunks(g0 + src[0].quants, nibbles0, j, src[0].fifths >= 0 ? g0 + src[0].fifths : NULL,
+                            src[0].f->lookup, &a_lo, &a_hi);
+                int8_chunks(g1 + src[1].quants, nibbles1, j, src[1].fifths >= 0 ? g1 + src[1].fifths : NULL,
+                            src[1].f->lookup, &b_lo, &b_hi);
                 for (int r = 0; r < R; r++) {
                     const __m512i x_lo = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
                     const __m512i x_hi = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 16 + 4 * j));

@@ -33,7 +33,11 @@
 #define QUANT_BLOCK 32
 
 /* ggml's type ids */
-enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q5_0 = 6, FORMAT_Q5_1 = 7, FORMAT_Q8_0 = 8 };
+enum { FORMAT_Q4_0 = 2, FORMAT_Q4_1 = 3, FORMAT_Q5_0 = 6, FORMAT_Q5_1 = 7, FORMAT_Q8_0 = 8, FORMAT_IQ4_NL = 20 };
+
+/* IQ4_NL's 16 levels + 128 (quant/formats.py IQ4_NL_LEVELS): the u a nibble stands for, with
+ * offset 128; also the byte-shuffle tables' 16 entries. */
+static const uint8_t IQ4_NL_U[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
 typedef struct { /* a product's input rows in int16 (quant/activations.py) */
     int16_t *q;    /* [rows, k], each 4 values stored as x0 x2 x1 x3 */
@@ -45,6 +49,7 @@ typedef struct {
     int nibbles, has_min, offset, block_bytes;
     int header_bytes; /* a row's bytes before its quants: scales, then fifth bits where there are */
     int fifth;        /* 5-bit quants: 4 bytes of fifth bits a row, after the scales */
+    int lookup;       /* nibbles stand for IQ4_NL_U's values, not themselves */
 } QuantFormat;
 
 static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
@@ -91,9 +96,19 @@ static inline float half_to_float(uint16_t h) {
  * register of 16-bit weights; DOT adds their products with the input pair at `offset`.
  * 5-bit quants: the nibbles EXTRACT(v, s) takes have their fifth bits at bit s + c of each
  * 16-bit half of the fifth words (`fh`, quant/interleave.py's order); FIFTH(w, fh, s) moves
- * them, shifted right by c, to bit 4 and ors them in. */
-#define BLOCK_PRODUCTS(LOAD, EXTRACT, DOT, FIFTH, SHIFT_RIGHT)                                 \
-    if (f->nibbles && fifths) {                                                                \
+ * them, shifted right by c, to bit 4 and ors them in. IQ4_NL: LOOKUP(w, table) swaps each
+ * 16-bit nibble for its u, a byte shuffle (the zero high byte's lookup masked off). */
+#define BLOCK_PRODUCTS(LOAD, EXTRACT, DOT, FIFTH, SHIFT_RIGHT, LOOKUP, TABLE)                  \
+    if (f->nibbles && f->lookup) {                                                             \
+        const VEC table = TABLE;                                                               \
+        for (int c = 0; c < 4; c++) {                                                          \
+            const VEC v = LOAD(qs + 64 * c);                                                   \
+            DOT(LOOKUP(EXTRACT(v, 0, 0x000F), table), 4 * c);                                  \
+            DOT(LOOKUP(EXTRACT(v, 8, 0x000F), table), 4 * c + 2);                              \
+            DOT(LOOKUP(EXTRACT(v, 4, 0x000F), table), 16 + 4 * c);                             \
+            DOT(LOOKUP(EXTRACT(v, 12, 0x000F), table), 16 + 4 * c + 2);                        \
+        }                                                                                      \
+    } else if (f->nibbles && fifths) {                                                         \
         const VEC fw = LOAD(fifths);                                                           \
         for (int c = 0; c < 4; c++) {                                                          \
             const VEC v = LOAD(qs + 64 * c), fh = SHIFT_RIGHT(fw, c);                          \
@@ -130,6 +145,8 @@ static inline float half_to_float(uint16_t h) {
 #define LOAD512(p) _mm512_loadu_si512(p)
 #define EXTRACT512(v, shift, mask) _mm512_and_si512(_mm512_srli_epi16(v, shift), _mm512_set1_epi16(mask))
 #define SHIFT_RIGHT512(v, c) _mm512_srl_epi16(v, _mm_cvtsi32_si128(c))
+#define TABLE512 _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_U))
+#define LOOKUP512(w, table) _mm512_and_si512(_mm512_shuffle_epi8(table, w), _mm512_set1_epi16(0x00FF))
 /* s = 0: the fifth bits sit below bit 4 (left by 4); else right by s - 4. w | (bits & 0x10)
  * in one ternary-logic instruction (0xF8: a | (b & c)). */
 #define FIFTH512(w, fh, s)                                                                     \
@@ -157,7 +174,7 @@ static inline __attribute__((always_inline)) void group_dot(
         for (int r = 0; r < nr; r++)                                                           \
             s[r] = DOT2(s[r], weights, _mm512_set1_epi32(load_i32(xq + (int64_t)r * k + (offset)))); \
     }
-        BLOCK_PRODUCTS(LOAD512, EXTRACT512, DOT_ROWS512, FIFTH512, SHIFT_RIGHT512)
+        BLOCK_PRODUCTS(LOAD512, EXTRACT512, DOT_ROWS512, FIFTH512, SHIFT_RIGHT512, LOOKUP512, TABLE512)
 #undef DOT_ROWS512
         for (int r = 0; r < nr; r++) {
             const int64_t at = (int64_t)(r0 + r) * nbk + b;
@@ -176,6 +193,8 @@ static inline __attribute__((always_inline)) void group_dot(
 #define VEC __m256i
 #define EXTRACT256(v, shift, mask) _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi16(mask))
 #define SHIFT_RIGHT256(v, c) _mm256_srl_epi16(v, _mm_cvtsi32_si128(c))
+#define TABLE256 _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_U))
+#define LOOKUP256(w, table) _mm256_and_si256(_mm256_shuffle_epi8(table, w), _mm256_set1_epi16(0x00FF))
 #define FIFTH256(w, fh, s)                                                                     \
     _mm256_or_si256(w, _mm256_and_si256((s) ? _mm256_srli_epi16(fh, (s) ? (s) - 4 : 0) : _mm256_slli_epi16(fh, 4), \
                                         _mm256_set1_epi16(0x0010)))
@@ -206,7 +225,7 @@ static inline __attribute__((always_inline)) void group_dot(
             s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(weights, _mm256_set1_epi32(        \
                                               load_i32(xq + (int64_t)r * k + (offset)))));     \
     }
-            BLOCK_PRODUCTS(LOAD256, EXTRACT256, DOT_ROWS256, FIFTH256, SHIFT_RIGHT256)
+            BLOCK_PRODUCTS(LOAD256, EXTRACT256, DOT_ROWS256, FIFTH256, SHIFT_RIGHT256, LOOKUP256, TABLE256)
 #undef DOT_ROWS256
             for (int r = 0; r < nr; r++) {
                 const int64_t at = (int64_t)(r0 + r) * nbk + b;
@@ -250,6 +269,7 @@ static void group_dot(const uint8_t *g, const QuantFormat *f, int nb, const Quan
                         const uint8_t high = fifths ? fifths[4 * lane + j] : 0; /* bit c, bit 4 + c */
                         u[at] = (byte & 0x0F) | ((high >> c) & 1) << 4;
                         u[16 + at] = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
+                        if (f->lookup) { u[at] = IQ4_NL_U[u[at]]; u[16 + at] = IQ4_NL_U[u[16 + at]]; }
                     } else u[at] = byte;
                 }
             for (int r = 0; r < nr; r++) {

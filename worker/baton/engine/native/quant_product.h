@@ -1,5 +1,5 @@
 /* Products on quantized weights (quant/ in Python): x[rows, k] @ W^T where W's rows are a
- * GGUF checkpoint's Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 blocks (quant/formats.py) in the 16-row
+ * GGUF checkpoint's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL blocks (quant/formats.py) in the 16-row
  * layout of quant/interleave.py.
  * The input rows are quantized to int16 per block of 32, the integer sums
  * come from quant_kernels.h, and no weight is ever dequantized into memory, except by
@@ -23,12 +23,13 @@ typedef struct { /* one matrix: parts stacked on the output axis (Q, K, V of a f
 const char *baton_quant_kernel(void) { return QUANT_KERNEL; }
 
 static QuantFormat quant_format(int format) {
-    switch (format) { /* nibbles, has_min, offset, block_bytes, header_bytes, fifth */
-        case FORMAT_Q4_0: return (QuantFormat){1, 0, 8, 18, 2, 0};
-        case FORMAT_Q4_1: return (QuantFormat){1, 1, 0, 20, 4, 0};
-        case FORMAT_Q5_0: return (QuantFormat){1, 0, 16, 22, 6, 1};
-        case FORMAT_Q5_1: return (QuantFormat){1, 1, 0, 24, 8, 1};
-        default: return (QuantFormat){0, 0, 128, 34, 2, 0}; /* FORMAT_Q8_0 */
+    switch (format) { /* nibbles, has_min, offset, block_bytes, header_bytes, fifth, lookup */
+        case FORMAT_Q4_0: return (QuantFormat){1, 0, 8, 18, 2, 0, 0};
+        case FORMAT_Q4_1: return (QuantFormat){1, 1, 0, 20, 4, 0, 0};
+        case FORMAT_Q5_0: return (QuantFormat){1, 0, 16, 22, 6, 1, 0};
+        case FORMAT_Q5_1: return (QuantFormat){1, 1, 0, 24, 8, 1, 0};
+        case FORMAT_IQ4_NL: return (QuantFormat){1, 0, 128, 18, 2, 0, 1};
+        default: return (QuantFormat){0, 0, 128, 34, 2, 0, 0}; /* FORMAT_Q8_0 */
     }
 }
 

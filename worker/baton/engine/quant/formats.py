@@ -8,12 +8,14 @@ Every format cuts a row into blocks of 32 values and stores each block as a floa
     Q5_0  d, 4 bytes of fifth bits, 16 of nibbles     value = d * (q - 16),  q in 0..31
     Q5_1  d, m, 4 bytes of fifth bits, 16 of nibbles  value = d * q + m,     q in 0..31
     Q8_0  d, 32 signed bytes                          value = d * q,         q in -128..127
+    IQ4_NL d, 16 bytes of nibbles                     value = d * K[q],      q in 0..15
 
 A nibble byte i holds value i in its low half and value i + 16 in its high half; in the
 5-bit formats bit i of the (little-endian) 32-bit word before them is value i's fifth bit,
-worth 16. Every format is then `d * u + m` for an unsigned u, the form the kernels compute
-on: Q4_0 has m = -8 d, Q5_0 m = -16 d, and Q8_0 stores u = q + 128 (the sign bit flipped)
-with m = -128 d.
+worth 16. IQ4_NL's nibbles index K, 16 signed levels spaced for a bell-shaped distribution.
+Every format is then `d * u + m` for an unsigned u, the form the kernels compute on: Q4_0
+has m = -8 d, Q5_0 m = -16 d, Q8_0 stores u = q + 128 (the sign bit flipped) with m = -128
+d, and IQ4_NL's u = K[q] + 128 (its `lookup`), with m = -128 d too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BLOCK = 32  # values per block, in every format here
+IQ4_NL_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 
 
 class UnsupportedQuantization(ValueError):
@@ -38,6 +41,7 @@ class BlockFormat:
     has_min: bool  # a stored float16 minimum (Q4_1, Q5_1)
     offset: int  # m = -offset * d where no minimum is stored
     fifth_bits: bool = False  # a 32-bit word of fifth bits before the nibbles (Q5_0, Q5_1)
+    lookup: tuple[int, ...] | None = None  # u for each nibble, where the levels are not linear (IQ4_NL)
 
     @property
     def scale_bytes(self) -> int:
@@ -55,6 +59,7 @@ FORMATS = {f.name: f for f in (
     BlockFormat("Q5_0", 6, 22, nibbles=True, has_min=False, offset=16, fifth_bits=True),
     BlockFormat("Q5_1", 7, 24, nibbles=True, has_min=True, offset=0, fifth_bits=True),
     BlockFormat("Q8_0", 8, 34, nibbles=False, has_min=False, offset=128),
+    BlockFormat("IQ4_NL", 20, 18, nibbles=True, has_min=False, offset=128, lookup=tuple(k + 128 for k in IQ4_NL_LEVELS)),
 )}
 BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 
@@ -98,6 +103,8 @@ def split_blocks(fmt: BlockFormat, raw: np.ndarray) -> tuple[np.ndarray, np.ndar
         u = np.concatenate([quants & 0x0F, quants >> 4], axis=-1)
         if fmt.fifth_bits:
             u |= fifth_bits(blocks[..., fmt.scale_bytes : fmt.header_bytes]) << 4
+        if fmt.lookup:
+            u = np.asarray(fmt.lookup, dtype=np.uint8)[u]
     else:
         u = quants ^ np.uint8(0x80)  # q + 128 as an unsigned byte
     return d, m, u

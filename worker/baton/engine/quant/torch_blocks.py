@@ -21,6 +21,8 @@ def dequantize_rows(fmt: BlockFormat, raw: torch.Tensor) -> torch.Tensor:
             word = words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24
             bits = (word[..., None] >> torch.arange(BLOCK, device=raw.device)) & 1
             u = u | (bits << 4).to(torch.uint8)
+        if fmt.lookup:
+            u = torch.tensor(fmt.lookup, dtype=torch.uint8, device=raw.device)[u.long()]
     else:
         u = quants ^ 0x80
     if fmt.has_min:

@@ -1,8 +1,8 @@
 """GGUF formats without kernels of their own, rewritten at load into formats that have them.
 
-Most GGUF files in circulation are k-quant mixes (Q4_K_M, Q5_K_M, Q6_K); where a matrix's
-width is not a multiple of 256 llama.cpp falls back to Q5_0, Q5_1 or Q8_0 for it, which
-are read as they are. Each k-quant matrix becomes blocks of 32 the kernels read
+Most GGUF files in circulation are k-quant mixes (Q4_K_M, Q5_K_M, Q6_K) or IQ4_XS; where a
+matrix's width is not a multiple of 256 llama.cpp falls back to Q5_0, Q5_1, Q8_0 or IQ4_NL
+for it, which are read as they are. Each other matrix becomes blocks of 32 the kernels read
 (quant/formats.py), one tensor at a time, with no full-precision copy of more than a slice
 of rows:
 
@@ -13,6 +13,9 @@ of rows:
     Q6_K  -> Q8_0  requantized: its 16-value sub-blocks each have a scale, which no format
                    here holds; 32 values a block to absmax / 127 steps, about four times
                    finer than the 6-bit steps they come from
+    IQ4_XS -> IQ4_NL  the same 4-bit indices into the same 16 levels; a block's scale
+                   d * (ls - 32) (a 6-bit multiplier of the super-block's float16 d)
+                   rounded to float16, as Q4_K's
 
 The values of each source format are the `gguf` package's (ggml's definitions). A matrix
 is rewritten in slices of rows on the process's cores (numpy leaves the interpreter lock
@@ -31,6 +34,7 @@ from baton.engine.quant.formats import BLOCK, FORMATS, BlockFormat, float16_valu
 SUPER = 256  # values per k-quant super-block
 _Q4_K_BYTES = 144  # d, dmin (float16), 12 bytes of packed 6-bit scales and mins, 128 of nibbles
 _Q5_K_BYTES = 176  # as Q4_K, with 32 bytes of fifth bits before the nibbles
+_IQ4_XS_BYTES = 136  # d (float16), 2 bytes of scales' high bits, 4 of their low nibbles, 128 of nibbles
 SLICE_VALUES = 1 << 22  # values rewritten at a time (per thread): bounds the temporaries
 
 
@@ -130,6 +134,21 @@ def _q5_k_as_q5_1(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, k // BLOCK * FORMATS["Q5_1"].block_bytes)
 
 
+def _iq4_xs_as_iq4_nl(raw: np.ndarray, k: int) -> np.ndarray:
+    rows, supers = raw.shape[0], k // SUPER
+    blocks = raw.reshape(rows, supers, _IQ4_XS_BYTES)
+    d = float16_values(blocks[..., 0:2])
+    high = blocks[..., 2].astype(np.uint16) | blocks[..., 3].astype(np.uint16) << 8  # 2 bits a sub-block
+    low = blocks[..., 4:8]  # a nibble a sub-block, sub-block 2i in byte i's low half
+    lows = np.stack([low & 0x0F, low >> 4], axis=-1).reshape(rows, supers, 8)
+    highs = (high[..., None] >> (2 * np.arange(8, dtype=np.uint16))) & 3
+    multiplier = (lows | highs.astype(np.uint8) << 4).astype(np.float32) - 32
+    scales = _as_half_bytes(d[..., None] * multiplier, "block scale")  # [rows, supers, 8, 2]
+    nibbles = blocks[..., 8:].reshape(rows, supers, 8, 16)  # IQ4_NL's order already
+    out = np.concatenate([scales, nibbles], axis=-1)
+    return out.reshape(rows, k // BLOCK * FORMATS["IQ4_NL"].block_bytes)
+
+
 def _q6_k_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
     """Requantized: Q6_K's values (the gguf package's) to Q8_0 blocks."""
     from gguf import GGMLQuantizationType
@@ -140,5 +159,6 @@ def _q6_k_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
 
 
 # GGUF type -> (the format it becomes, the rewrite)
-_REWRITES = {"Q4_K": ("Q4_1", _q4_k_as_q4_1), "Q5_K": ("Q5_1", _q5_k_as_q5_1), "Q6_K": ("Q8_0", _q6_k_as_q8_0)}
+_REWRITES = {"Q4_K": ("Q4_1", _q4_k_as_q4_1), "Q5_K": ("Q5_1", _q5_k_as_q5_1), "Q6_K": ("Q8_0", _q6_k_as_q8_0),
+             "IQ4_XS": ("IQ4_NL", _iq4_xs_as_iq4_nl)}
 TARGET = {name: target for name, (target, _) in _REWRITES.items()}

@@ -1,4 +1,4 @@
-"""x @ W^T on a GGUF checkpoint's quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), dequantizing each block
+"""x @ W^T on a GGUF checkpoint's quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), dequantizing each block
 inside the matmul: the GPU side of quant/weight.py, on the blocks as the file stores them, or
 as the loader rewrote them (quant/formats.py, quant/transcode.py). No full-precision copy of
 W exists at any time."""
@@ -46,10 +46,11 @@ def _accumulate(acc, x_rows, cols, mask_m, w, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def _quant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, sxm, som,
+def _quant_matmul_kernel(x_ptr, w_ptr, out_ptr, lookup_ptr, M, N, K, sxm, som,
                          BLOCK_BYTES: tl.constexpr, HEADER: tl.constexpr, NIBBLES: tl.constexpr,
-                         FIFTH: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+                         FIFTH: tl.constexpr, LOOKUP: tl.constexpr, HAS_MIN: tl.constexpr,
+                         OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         DOT_FP32: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m, mask_n = rm < M, rn < N
@@ -70,6 +71,9 @@ def _quant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, sxm, som,
                 word = _fifth_word(block + HEADER - 4, mask_n)[:, None]
                 low = low | (((word >> cols[None, :]) & 1) << 4)
                 high = high | (((word >> (cols[None, :] + 16)) & 1) << 4)
+            if LOOKUP:  # IQ4_NL: the u each nibble stands for (formats.py), from a 16-entry table
+                low = tl.load(lookup_ptr + low)
+                high = tl.load(lookup_ptr + high)
             w_low = _weights(d, m, low.to(tl.float32), HAS_MIN, OFFSET)
             acc = _accumulate(acc, x_rows, b * 32 + cols, mask_m, w_low, DOT_FP32)
             w_high = _weights(d, m, high.to(tl.float32), HAS_MIN, OFFSET)
@@ -97,15 +101,18 @@ def quant_matmul(x: torch.Tensor, weight) -> torch.Tensor:
     out = torch.empty(m_rows, weight.shape[0], dtype=torch.float32, device=x.device)
     dot_fp32 = x.dtype == torch.float32 or x.device.type != "cuda"  # the interpreter: fp32 dots
     block_m = 16 if m_rows <= 16 else 32
+    lookups = {}  # per format with a lookup: its table on x's device
     start = 0
     for fmt, rows, data in zip(weight.formats, weight.part_rows, weight.parts):
         view = out[:, start : start + rows]
         if m_rows and rows:
             grid = (triton.cdiv(m_rows, block_m), triton.cdiv(rows, 64))
+            if fmt.lookup and fmt.name not in lookups:
+                lookups[fmt.name] = torch.tensor(fmt.lookup, dtype=torch.int32, device=x.device)
             _quant_matmul_kernel[grid](
-                x2, data, view, m_rows, rows, weight.k, x2.stride(0), out.stride(0),
+                x2, data, view, lookups.get(fmt.name, data), m_rows, rows, weight.k, x2.stride(0), out.stride(0),
                 BLOCK_BYTES=fmt.block_bytes, HEADER=fmt.header_bytes, NIBBLES=fmt.nibbles,
-                FIFTH=fmt.fifth_bits, HAS_MIN=fmt.has_min, OFFSET=float(fmt.offset), BLOCK_M=block_m, BLOCK_N=64,
-                DOT_FP32=dot_fp32)
+                FIFTH=fmt.fifth_bits, LOOKUP=fmt.lookup is not None, HAS_MIN=fmt.has_min,
+                OFFSET=float(fmt.offset), BLOCK_M=block_m, BLOCK_N=64, DOT_FP32=dot_fp32)
         start += rows
     return out.reshape(*x.shape[:-1], weight.shape[0])
