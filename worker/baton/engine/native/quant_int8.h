@@ -206,8 +206,8 @@ static inline __attribute__((always_inline)) __m512 int8_outlier_weights(const I
 
 /* Two groups (32 output columns; the second may repeat the first) against input rows
  * first..last, R (<= INT8_ROWS) rows a pass: the int8 blocks, then the outliers. nibbles0/1
- * (4-bit blocks read in place), `panel` and R are constants at each call, so the loop is
- * built once for each case. valid[h]: group h's real rows (0: none); `next`: the pair to
+ * (4-bit blocks read in place: 1, or 2 where they carry fifth bits or a lookup, int8_nibbles),
+ * `panel` and R are constants at each call, so the loop is built once for each case. valid[h]: group h's real rows (0: none); `next`: the pair to
  * fetch (asked for in the pass from row 0). */
 static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Source src[2], const int nibbles0,
                                                                  const int nibbles1, const int panel, const int R,
@@ -230,10 +230,10 @@ static inline __attribute__((always_inline)) void int8_pass_rows(const Int8Sourc
             for (int r = 0; r < R; r++) dots[0][r] = dots[1][r] = _mm512_setzero_si512();
             for (int j = 0; j < 4; j++) {
                 __m512i a_lo, a_hi, b_lo, b_hi;
-                int8_chunks(g0 + src[0].quants, nibbles0, j, src[0].fifths >= 0 ? g0 + src[0].fifths : NULL,
-                            src[0].f->lookup, &a_lo, &a_hi);
-                int8_chunks(g1 + src[1].quants, nibbles1, j, src[1].fifths >= 0 ? g1 + src[1].fifths : NULL,
-                            src[1].f->lookup, &b_lo, &b_hi);
+                const uint8_t *f0 = nibbles0 == 2 && src[0].fifths >= 0 ? g0 + src[0].fifths : NULL;
+                const uint8_t *f1 = nibbles1 == 2 && src[1].fifths >= 0 ? g1 + src[1].fifths : NULL;
+                int8_chunks(g0 + src[0].quants, nibbles0, j, f0, nibbles0 == 2 && src[0].f->lookup, &a_lo, &a_hi);
+                int8_chunks(g1 + src[1].quants, nibbles1, j, f1, nibbles1 == 2 && src[1].f->lookup, &b_lo, &b_hi);
                 for (int r = 0; r < R; r++) {
                     const __m512i x_lo = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
                     const __m512i x_hi = _mm512_set1_epi32(load_i32(xb + (int64_t)r * k + 16 + 4 * j));
@@ -284,6 +284,12 @@ static inline __attribute__((always_inline)) void int8_passes(const Int8Source s
     }
 }
 
+/* How a pass reads a format's blocks in place: 0 bytes, 1 plain nibbles, 2 nibbles with
+ * fifth bits or a lookup (constants of int8_pass_rows, so 4-bit blocks' loops test neither). */
+static inline int int8_nibbles(const QuantFormat *f) {
+    return !f->nibbles ? 0 : (f->fifth || f->lookup) ? 2 : 1;
+}
+
 /* A pair of groups (`count` of them) against every input row: unpacked into `panels` first
  * where given (2 * nb * INT8_PANEL_BLOCK bytes), else read in place. */
 static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, const int valid[2], int nb,
@@ -299,11 +305,19 @@ static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, c
         int8_passes(src, 0, 0, 1, valid, nb, in, rows, k, out, n, next);
         return;
     }
-    const int first = src[0].f->nibbles, second = src[1].f->nibbles;
-    if (first && second) int8_passes(src, 1, 1, 0, valid, nb, in, rows, k, out, n, next);
-    else if (first) int8_passes(src, 1, 0, 0, valid, nb, in, rows, k, out, n, next);
-    else if (second) int8_passes(src, 0, 1, 0, valid, nb, in, rows, k, out, n, next);
-    else int8_passes(src, 0, 0, 0, valid, nb, in, rows, k, out, n, next);
+#define INT8_IN_PLACE(A, B) int8_passes(src, A, B, 0, valid, nb, in, rows, k, out, n, next)
+    switch (3 * int8_nibbles(src[0].f) + int8_nibbles(src[1].f)) {
+    case 0: INT8_IN_PLACE(0, 0); break;
+    case 1: INT8_IN_PLACE(0, 1); break;
+    case 2: INT8_IN_PLACE(0, 2); break;
+    case 3: INT8_IN_PLACE(1, 0); break;
+    case 4: INT8_IN_PLACE(1, 1); break;
+    case 5: INT8_IN_PLACE(1, 2); break;
+    case 6: INT8_IN_PLACE(2, 0); break;
+    case 7: INT8_IN_PLACE(2, 1); break;
+    default: INT8_IN_PLACE(2, 2); break;
+    }
+#undef INT8_IN_PLACE
 }
 
 static int64_t int8_scratch_bytes(int rows, int k) {

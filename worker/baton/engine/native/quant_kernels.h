@@ -54,6 +54,13 @@ typedef struct {
 
 static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
+/* How a block's nibbles are read: as they are, with fifth bits, or through IQ4_NL_U. A
+ * constant argument of group_dot, so each kind's loop carries no test of the others. */
+enum { QUANT_PLAIN = 0, QUANT_FIFTH = 1, QUANT_LOOKUP = 2 };
+static inline int quant_kind(const QuantFormat *f) {
+    return f->lookup ? QUANT_LOOKUP : f->fifth ? QUANT_FIFTH : QUANT_PLAIN;
+}
+
 /* A group block's fifth-bit words (16 rows x 4 bytes, quant/interleave.py's order: byte b of
  * a row's word holds in bit j the fifth bit of byte b of chunk j's low nibbles, in bit 4 + j
  * that of its high nibbles), or NULL for formats without. */
@@ -99,7 +106,7 @@ static inline float half_to_float(uint16_t h) {
  * them, shifted right by c, to bit 4 and ors them in. IQ4_NL: LOOKUP(w, table) swaps each
  * 16-bit nibble for its u, a byte shuffle (the zero high byte's lookup masked off). */
 #define BLOCK_PRODUCTS(LOAD, EXTRACT, DOT, FIFTH, SHIFT_RIGHT, LOOKUP, TABLE)                  \
-    if (f->nibbles && f->lookup) {                                                             \
+    if (kind == QUANT_LOOKUP) {                                                                \
         const VEC table = TABLE;                                                               \
         for (int c = 0; c < 4; c++) {                                                          \
             const VEC v = LOAD(qs + 64 * c);                                                   \
@@ -108,7 +115,7 @@ static inline float half_to_float(uint16_t h) {
             DOT(LOOKUP(EXTRACT(v, 4, 0x000F), table), 16 + 4 * c);                             \
             DOT(LOOKUP(EXTRACT(v, 12, 0x000F), table), 16 + 4 * c + 2);                        \
         }                                                                                      \
-    } else if (f->nibbles && fifths) {                                                         \
+    } else if (kind == QUANT_FIFTH) {                                                          \
         const VEC fw = LOAD(fifths);                                                           \
         for (int c = 0; c < 4; c++) {                                                          \
             const VEC v = LOAD(qs + 64 * c), fh = SHIFT_RIGHT(fw, c);                          \
@@ -155,7 +162,7 @@ static inline float half_to_float(uint16_t h) {
 
 static inline __attribute__((always_inline)) void group_dot(
     const uint8_t *g, const QuantFormat *f, int nb, const QuantInput *x, int k, int r0,
-    const int nr, float *out) {
+    const int nr, const int kind, float *out) {
     __m512 acc[QUANT_INPUT_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     const int nbk = k / QUANT_BLOCK, step = QUANT_ROWS * f->block_bytes;
@@ -164,7 +171,8 @@ static inline __attribute__((always_inline)) void group_dot(
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
         const __m512 m = f->has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)))
                                     : _mm512_setzero_ps();
-        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes, *fifths = fifth_words(g, f);
+        const uint8_t *qs = g + QUANT_ROWS * f->header_bytes;
+        const uint8_t *fifths = kind == QUANT_FIFTH ? fifth_words(g, f) : NULL;
         __m512i s[QUANT_INPUT_ROWS];
         for (int r = 0; r < nr; r++) s[r] = _mm512_setzero_si512();
         const int16_t *xq = x->q + (int64_t)r0 * k + b * QUANT_BLOCK;
@@ -202,7 +210,7 @@ static inline __attribute__((always_inline)) void group_dot(
 /* The group as two halves of 8 rows, one 256-bit register each. */
 static inline __attribute__((always_inline)) void group_dot(
     const uint8_t *g, const QuantFormat *f, int nb, const QuantInput *x, int k, int r0,
-    const int nr, float *out) {
+    const int nr, const int kind, float *out) {
     __m256 acc[QUANT_INPUT_ROWS][2];
     for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const int nbk = k / QUANT_BLOCK, step = QUANT_ROWS * f->block_bytes;
@@ -214,7 +222,7 @@ static inline __attribute__((always_inline)) void group_dot(
             const __m256 m = f->has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 32 + 16 * half)))
                                         : _mm256_setzero_ps();
             const uint8_t *qs = g + QUANT_ROWS * f->header_bytes + 32 * half;
-            const uint8_t *fifths = f->fifth ? fifth_words(g, f) + 32 * half : NULL;
+            const uint8_t *fifths = kind == QUANT_FIFTH ? fifth_words(g, f) + 32 * half : NULL;
             __m256i s[QUANT_INPUT_ROWS];
             for (int r = 0; r < nr; r++) s[r] = _mm256_setzero_si256();
 #define LOAD256(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -248,7 +256,8 @@ static inline __attribute__((always_inline)) void group_dot(
 #define QUANT_KERNEL "scalar"
 
 static void group_dot(const uint8_t *g, const QuantFormat *f, int nb, const QuantInput *x, int k,
-                      int r0, const int nr, float *out) {
+                      int r0, const int nr, const int kind, float *out) {
+    (void)kind; /* the format says */
     const int nbk = k / QUANT_BLOCK, step = QUANT_ROWS * f->block_bytes;
     for (int i = 0; i < nr * QUANT_ROWS; i++) out[i] = 0.0f;
     for (int b = 0; b < nb; b++, g += step) {

@@ -173,6 +173,25 @@ static inline __attribute__((always_inline)) void prefetch_next_block(const Next
                 __builtin_prefetch(next->data[h] + (int64_t)b * next->step[h] + line, 0, 2);
 }
 
+/* group_dot on `nr` (1..QUANT_INPUT_ROWS) rows from r0, of a constant `KIND` */
+#if QUANT_INPUT_ROWS > 4
+#define GROUP_DOT_WIDE_ROWS(KIND)                                                              \
+    case 4: group_dot(group, &f, nb, x, w->k, r0, 4, KIND, sums); break;                       \
+    case 5: group_dot(group, &f, nb, x, w->k, r0, 5, KIND, sums); break;                       \
+    case 6: group_dot(group, &f, nb, x, w->k, r0, 6, KIND, sums); break;                       \
+    case 7: group_dot(group, &f, nb, x, w->k, r0, 7, KIND, sums); break;
+#else
+#define GROUP_DOT_WIDE_ROWS(KIND)
+#endif
+#define GROUP_DOT_ROWS(KIND)                                                                   \
+    switch (nr) {                                                                              \
+        case 1: group_dot(group, &f, nb, x, w->k, r0, 1, KIND, sums); break;                   \
+        case 2: group_dot(group, &f, nb, x, w->k, r0, 2, KIND, sums); break;                   \
+        case 3: group_dot(group, &f, nb, x, w->k, r0, 3, KIND, sums); break;                   \
+        GROUP_DOT_WIDE_ROWS(KIND)                                                              \
+        default: group_dot(group, &f, nb, x, w->k, r0, QUANT_INPUT_ROWS, KIND, sums); break;   \
+    }
+
 /* out[rows, n] = the quantized input rows @ W^T (n: all parts' rows). Threads take groups. */
 static void quant_product(const QuantMatrix *w, const QuantInput *x, int rows, float *out) {
     const QuantLayout l = quant_layout(w);
@@ -184,19 +203,15 @@ static void quant_product(const QuantMatrix *w, const QuantInput *x, int rows, f
         const QuantFormat f = grp.format;
         const int valid = grp.valid;
         float sums[QUANT_INPUT_ROWS * QUANT_ROWS];
+        const int kind = quant_kind(&f);
         for (int r0 = 0; r0 < rows; r0 += QUANT_INPUT_ROWS) {
             const int nr = rows - r0 < QUANT_INPUT_ROWS ? rows - r0 : QUANT_INPUT_ROWS;
-            switch (nr) { /* constant row counts keep the accumulators in registers */
-                case 1: group_dot(group, &f, nb, x, w->k, r0, 1, sums); break;
-                case 2: group_dot(group, &f, nb, x, w->k, r0, 2, sums); break;
-                case 3: group_dot(group, &f, nb, x, w->k, r0, 3, sums); break;
-#if QUANT_INPUT_ROWS > 4
-                case 4: group_dot(group, &f, nb, x, w->k, r0, 4, sums); break;
-                case 5: group_dot(group, &f, nb, x, w->k, r0, 5, sums); break;
-                case 6: group_dot(group, &f, nb, x, w->k, r0, 6, sums); break;
-                case 7: group_dot(group, &f, nb, x, w->k, r0, 7, sums); break;
-#endif
-                default: group_dot(group, &f, nb, x, w->k, r0, QUANT_INPUT_ROWS, sums); break;
+            /* constant row counts keep the accumulators in registers; a constant kind keeps
+             * the other formats' tests out of the loop */
+            switch (kind) {
+                case QUANT_FIFTH: GROUP_DOT_ROWS(QUANT_FIFTH); break;
+                case QUANT_LOOKUP: GROUP_DOT_ROWS(QUANT_LOOKUP); break;
+                default: GROUP_DOT_ROWS(QUANT_PLAIN); break;
             }
             for (int r = 0; r < nr; r++)
                 memcpy(out + (int64_t)(r0 + r) * n + grp.column, sums + r * QUANT_ROWS,
