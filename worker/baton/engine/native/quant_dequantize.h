@@ -150,9 +150,8 @@ static void dequantize_row(const uint8_t *g, const QuantFormat *f, int nb, int l
                     values[4 * c + j] = f->has_min ? d * (float)byte + m : d * (float)((int)byte - f->offset);
                     continue;
                 }
-                const int high = fifths ? fifths[j] : 0; /* bit c: value 4c + j's fifth bit; bit 4 + c: 16 + 4c + j's */
-                int lo = (byte & 0x0F) | ((high >> c) & 1) << 4, hi = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
-                if (f->lookup) { lo = IQ4_NL_U[lo]; hi = IQ4_NL_U[hi]; }
+                int lo, hi; /* values 4c + j and 16 + 4c + j */
+                nibble_pair_u(f, byte, fifths ? fifths[j] : 0, c, &lo, &hi);
                 if (f->has_min) {
                     values[4 * c + j] = d * (float)lo + m;
                     values[16 + 4 * c + j] = d * (float)hi + m;

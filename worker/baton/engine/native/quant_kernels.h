@@ -68,6 +68,15 @@ static inline const uint8_t *fifth_words(const uint8_t *g, const QuantFormat *f)
     return f->fifth ? g + QUANT_ROWS * (f->header_bytes - 4) : NULL;
 }
 
+/* The u of the two values a nibble byte of chunk c holds, low and high nibble: with their
+ * fifth bits from `high`, the byte of the row's fifth-bit word beside it (bit c, bit 4 + c;
+ * 0 without), and through IQ4_NL_U where the format looks them up. The scalar paths' form. */
+static inline void nibble_pair_u(const QuantFormat *f, uint8_t byte, uint8_t high, int c, int *lo, int *hi) {
+    *lo = (byte & 0x0F) | ((high >> c) & 1) << 4;
+    *hi = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
+    if (f->lookup) { *lo = IQ4_NL_U[*lo]; *hi = IQ4_NL_U[*hi]; }
+}
+
 /* Ask for the block QUANT_PREFETCH_BLOCKS ahead of block `g` (`step` bytes each) while this
  * one is multiplied. The weights stream from memory once a step and the hardware's own
  * prefetch left one core waiting on them: on a Xeon with AMX this took SmolLM2's products at
@@ -274,12 +283,8 @@ static void group_dot(const uint8_t *g, const QuantFormat *f, int nb, const Quan
                 for (int j = 0; j < 4; j++) {
                     const uint8_t byte = qs[64 * c + 4 * lane + j];
                     const int at = 4 * c + ((j & 1) << 1 | j >> 1);
-                    if (f->nibbles) {
-                        const uint8_t high = fifths ? fifths[4 * lane + j] : 0; /* bit c, bit 4 + c */
-                        u[at] = (byte & 0x0F) | ((high >> c) & 1) << 4;
-                        u[16 + at] = (byte >> 4) | ((high >> (4 + c)) & 1) << 4;
-                        if (f->lookup) { u[at] = IQ4_NL_U[u[at]]; u[16 + at] = IQ4_NL_U[u[16 + at]]; }
-                    } else u[at] = byte;
+                    if (f->nibbles) nibble_pair_u(f, byte, fifths ? fifths[4 * lane + j] : 0, c, &u[at], &u[16 + at]);
+                    else u[at] = byte;
                 }
             for (int r = 0; r < nr; r++) {
                 const int row = r0 + r;

@@ -112,13 +112,17 @@ def _low_nibble_pairs(qs: np.ndarray) -> np.ndarray:
     return np.stack([chunks & 0x0F, chunks >> 4], axis=3).reshape(*qs.shape[:2], 8, 32)
 
 
+def _block_nibbles(qs: np.ndarray) -> np.ndarray:
+    """[rows, supers, 128] k-quant nibbles -> [rows, supers, 8, 16]: each 32-value block's
+    bytes as Q4_1 and Q5_1 pack them, value i in byte i's low nibble, i + 16 in its high."""
+    values = _low_nibble_pairs(qs)
+    return (values[..., :16] | (values[..., 16:] << 4)).astype(np.uint8)
+
+
 def _q4_k_as_q4_1(raw: np.ndarray, k: int) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q4_K_BYTES)
-    values = _low_nibble_pairs(blocks[..., 16:])
-    # Q4_1 packs value i in the low nibble of byte i, value i + 16 in its high nibble
-    nibbles = values[..., :16] | (values[..., 16:] << 4)
-    out = np.concatenate([_k_quant_headers(blocks), nibbles.astype(np.uint8)], axis=-1)
+    out = np.concatenate([_k_quant_headers(blocks), _block_nibbles(blocks[..., 16:])], axis=-1)
     return out.reshape(rows, k // BLOCK * FORMATS["Q4_1"].block_bytes)
 
 
@@ -128,9 +132,7 @@ def _q5_k_as_q5_1(raw: np.ndarray, k: int) -> np.ndarray:
     # [rows, supers, 32 values, 8]: bit j of byte l is value l's fifth bit in sub-block j
     fifth = np.unpackbits(blocks[..., 16:48, None], axis=-1, bitorder="little")
     words = np.packbits(fifth.transpose(0, 1, 3, 2), axis=-1, bitorder="little")  # Q5_1's: bit l = value l
-    values = _low_nibble_pairs(blocks[..., 48:])
-    nibbles = values[..., :16] | (values[..., 16:] << 4)
-    out = np.concatenate([_k_quant_headers(blocks), words, nibbles.astype(np.uint8)], axis=-1)
+    out = np.concatenate([_k_quant_headers(blocks), words, _block_nibbles(blocks[..., 48:])], axis=-1)
     return out.reshape(rows, k // BLOCK * FORMATS["Q5_1"].block_bytes)
 
 
