@@ -38,8 +38,8 @@ def write_model(folder: Path, seed: int = 0) -> Path:
 
 
 def write_kquant_gguf(path: Path) -> Path:
-    """The bundled model's first layers as a k-quant mix (Q4_K, Q5_K, Q6_K, IQ4_XS, Q5_0, Q5_1,
-    IQ4_NL: what llama.cpp's Q4_K_M, Q5_K_M and IQ4_XS files hold), in one .gguf file."""
+    """The bundled model's first layers as a k-quant mix (Q2_K-Q6_K, IQ4_XS, Q5_0, Q5_1, IQ4_NL:
+    what llama.cpp's Q2_K-Q5_K_M and IQ4_XS files hold), in one .gguf file."""
     from tests.engine.gguf_rewrite import rewrite_gguf
     from tests.engine.test_kquant_engine import LAYERS, MIX
 

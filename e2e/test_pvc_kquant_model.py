@@ -47,7 +47,7 @@ def test_workers_serve_a_kquant_file_from_a_claim_as_the_offline_engine_does(clu
     from baton.engine.sampling import SamplingParams
 
     logs = cluster.pod_logs(NAME)
-    assert logs.count("rewritten at load: 1 x IQ4_XS as IQ4_NL, 1 x Q4_K as Q4_1") >= 2, logs[-3000:]  # the prefill and decode workers
+    assert logs.count("rewritten at load: 1 x IQ4_XS as IQ4_NL, 1 x Q2_K as Q8_0 (requantized)") >= 2, logs[-3000:]  # the prefill and decode workers
     engine = Engine(model=str(model_file), dtype="float32", num_kv_blocks=64)
     prompt = "The capital of France is"
     offline = engine.generate([engine.tokenizer.encode(prompt)],

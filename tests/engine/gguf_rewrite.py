@@ -6,15 +6,34 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from baton.engine.loader import bundled_model_path
 
-from .kquant_encode import encode_iq4_nl, encode_iq4_xs, encode_q4_k, encode_q5_k, encode_q6_k
+from .kquant_encode import (
+    encode_iq4_nl,
+    encode_iq4_xs,
+    encode_q2_k,
+    encode_q3_k,
+    encode_q4_k,
+    encode_q5_k,
+    encode_q6_k,
+)
+
+
+def _q8_k_zeros(values):
+    """Blocks of ggml's activation format Q8_K, which no GGUF reader here takes: for the refusal."""
+    from gguf import GGML_QUANT_SIZES
+
+    block_values, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_K]
+    return np.zeros((values.shape[0], values.shape[1] // block_values * block_bytes), np.uint8)
+
 
 # what the gguf package cannot write
-_ENCODERS = {"Q4_K": encode_q4_k, "Q5_K": encode_q5_k, "Q6_K": encode_q6_k, "IQ4_NL": encode_iq4_nl,
+_ENCODERS = {"Q8_K": _q8_k_zeros, "Q2_K": encode_q2_k, "Q3_K": encode_q3_k, "Q4_K": encode_q4_k, "Q5_K": encode_q5_k,
+             "Q6_K": encode_q6_k, "IQ4_NL": encode_iq4_nl,
              "IQ4_XS": encode_iq4_xs}
 
 

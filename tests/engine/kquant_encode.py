@@ -1,4 +1,4 @@
-"""Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS encoders for tests (the `gguf` package reads them but
+"""Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS encoders for tests (the `gguf` package reads them but
 cannot write them): plain absmax or min/max scales, laid out as ggml's ggml-common.h lays
 them out. Whether the layout is right is checked by reading the blocks back with the gguf
 package."""
@@ -76,6 +76,48 @@ def encode_q6_k(values: np.ndarray) -> np.ndarray:
     supers = k // SUPER
     return np.concatenate([ql.reshape(rows, supers, 128), qh.reshape(rows, supers, 64),
                            sc.view(np.uint8), d_bytes], axis=-1).reshape(rows, -1)
+
+
+def _two_bit_chunks(q: np.ndarray) -> np.ndarray:
+    """[rows, supers, 16, 16] 2-bit quants -> [rows, supers, 64]: byte l of each 32-byte half
+    holds values l, l + 32, l + 64, l + 96 of that half's 128, at shifts 0, 2, 4, 6."""
+    q = q.reshape(*q.shape[:2], 2, 4, 32)
+    return (q << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(axis=-2, dtype=np.uint8).reshape(*q.shape[:2], 64)
+
+
+def encode_q2_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 256 * 84]: value = d sc q - dmin m per 16, q in
+    0..3, sc and m 4-bit (one byte a sub-block: sc low, m high)."""
+    rows, k = values.shape
+    x = values.reshape(rows, k // SUPER, 16, 16).astype(np.float32)
+    low = np.minimum(x.min(axis=-1), 0)
+    scale, least = (x.max(axis=-1) - low) / 3, -low
+    d_bytes, d = _half(scale.max(axis=-1) / 15)
+    m_bytes, dmin = _half(least.max(axis=-1) / 15)
+    sc = np.clip(np.rint(_divide(scale, d[..., None])), 0, 15).astype(np.uint8)
+    mn = np.clip(np.rint(_divide(least, dmin[..., None])), 0, 15).astype(np.uint8)
+    q = np.clip(np.rint(_divide(x + (dmin[..., None] * mn)[..., None], (d[..., None] * sc)[..., None])), 0, 3)
+    return np.concatenate([sc | (mn << 4), _two_bit_chunks(q.astype(np.uint8)), d_bytes, m_bytes],
+                          axis=-1).reshape(rows, -1)
+
+
+def encode_q3_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, k / 256 * 110]: value = d (sc - 32) q per 16, q in
+    -4..3 stored as q + 4 (low 2 bits packed as Q2_K's, the third in a 32-byte mask: bit j
+    of byte l for value 32 j + l), sc 6-bit (low nibbles in bytes 0-7, high 2 bits in 8-11)."""
+    rows, k = values.shape
+    supers = k // SUPER
+    x = values.reshape(rows, supers, 16, 16).astype(np.float32)
+    scale = _signed_steps(x) * 127 / 4  # the largest |value| to -4 (the levels reach -4 but only +3)
+    d_bytes, d = _half(np.abs(scale).max(axis=-1) / 31)
+    sc = np.clip(np.rint(_divide(scale, d[..., None])), -32, 31).astype(np.int32)
+    u = (np.clip(np.rint(_divide(x, (d[..., None] * sc)[..., None])), -4, 3) + 4).astype(np.uint8)
+    hmask = ((u >> 2).reshape(rows, supers, 8, 32) << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=-2, dtype=np.uint8)
+    stored = (sc + 32).astype(np.uint8)  # [.., 16]
+    lows = (stored[..., :8] & 0x0F) | ((stored[..., 8:] & 0x0F) << 4)
+    highs = ((stored >> 4).reshape(rows, supers, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(
+        axis=-2, dtype=np.uint8)
+    return np.concatenate([hmask, _two_bit_chunks(u & 3), lows, highs, d_bytes], axis=-1).reshape(rows, -1)
 
 
 def _nearest_levels(x: np.ndarray, step: np.ndarray) -> np.ndarray:

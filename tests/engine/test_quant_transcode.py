@@ -9,13 +9,27 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from baton.engine.quant.formats import FORMATS, dequantize
-from baton.engine.quant.transcode import TARGET, transcode, transcoded_format
+from baton.engine.quant.transcode import (
+    requantized,
+    rewritten_formats,
+    transcode,
+    transcoded_format,
+)
 
-from .kquant_encode import encode_iq4_nl, encode_iq4_xs, encode_q4_k, encode_q5_k, encode_q6_k
+from .kquant_encode import (
+    encode_iq4_nl,
+    encode_iq4_xs,
+    encode_q2_k,
+    encode_q3_k,
+    encode_q4_k,
+    encode_q5_k,
+    encode_q6_k,
+)
 
 # where each source format keeps its float16 scales: (offset of d, offset of its min or None)
 _SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q5_0": (0, None), "Q5_1": (0, 2),
-           "IQ4_XS": (0, None)}
+           "IQ4_XS": (0, None), "Q2_K": (80, 82), "Q3_K": (108, None), "IQ2_XXS": (0, None),
+           "IQ3_S": (0, None), "TQ2_0": (64, None), "MXFP4": (None, None)}
 
 
 def random_source_rows(name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
@@ -26,7 +40,10 @@ def random_source_rows(name: str, rows: int, k: int, seed: int = 0) -> np.ndarra
     nb = k // block_values
     blocks = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
     d_at, m_at = _SCALES[name]
-    blocks[..., d_at : d_at + 2] = (rng.standard_normal((rows, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    if name == "MXFP4":  # a power-of-two scale byte (E8M0), 2^-9 to 2^-1
+        blocks[..., 0] = rng.integers(118, 127, size=(rows, nb), dtype=np.uint8)
+    else:
+        blocks[..., d_at : d_at + 2] = (rng.standard_normal((rows, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
     if m_at is not None:
         blocks[..., m_at : m_at + 2] = (rng.standard_normal((rows, nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
     return blocks.reshape(rows, -1)
@@ -70,19 +87,30 @@ def test_iq4_xs_keeps_its_indices_with_block_scales_rounded_to_float16():
     assert np.abs(got - expected).max() > 0
 
 
-def test_q6_k_is_requantized_within_half_a_q8_0_step():
+@pytest.mark.parametrize("name", ["Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ3_S", "TQ2_0", "MXFP4"])
+def test_formats_without_a_kernel_or_an_exact_rewrite_are_requantized_within_half_a_q8_0_step(name):
     k = 512
-    raw = random_source_rows("Q6_K", 4, k, seed=3)
-    fmt, out = transcode("Q6_K", raw, k)
-    assert fmt is FORMATS["Q8_0"]
-    expected = _reference("Q6_K", raw, k)
+    raw = random_source_rows(name, 4, k, seed=3)
+    fmt, out = transcode(name, raw, k)
+    assert fmt is FORMATS["Q8_0"] and requantized(name)
+    expected = _reference(name, raw, k)
     absmax = np.abs(expected).reshape(4, -1, 32).max(axis=-1)
     error = np.abs(dequantize(fmt, out) - expected).reshape(4, -1, 32).max(axis=-1)
     # half a step of absmax / 127, plus ggml's Q8_0 scale rounded to float16 after the quants
     assert (error <= absmax * (0.5 / 127 + 2.0**-11) + 1e-7).all()
+    assert absmax.min() > 0  # random blocks with values in every one: the bound was tested
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("value, message", [(np.inf, "not finite"), (65504.0, "past what a Q8_0 scale")])
+def test_a_requantized_block_that_q8_0_cannot_hold_is_refused_naming_its_format(value, message):
+    raw = random_source_rows("Q3_K", 2, 256, seed=1)
+    raw[1, 108:110] = np.array([value], np.float16).view(np.uint8)  # d: infinite, or float16's largest
+    raw[1, 96:108] = 0  # every sub-block's multiplier at -32: values up to 128 d
+    with pytest.raises(ValueError, match=f"a Q3_K block.*{message}"):
+        transcode("Q3_K", raw, 256)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K"])
 def test_rows_are_rewritten_in_slices_on_threads_the_same_as_whole(monkeypatch, name):
     import baton.engine.quant.transcode as transcode_module
 
@@ -106,7 +134,8 @@ def test_a_failing_slice_fails_the_whole_rewrite(monkeypatch):
 
 def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():
     values = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32) * 0.05
-    for encode, name, levels in ((encode_q4_k, "Q4_K", 15), (encode_q5_k, "Q5_K", 31), (encode_q6_k, "Q6_K", 63)):
+    for encode, name, levels in ((encode_q4_k, "Q4_K", 15), (encode_q5_k, "Q5_K", 31), (encode_q6_k, "Q6_K", 63),
+                                 (encode_q2_k, "Q2_K", 3), (encode_q3_k, "Q3_K", 7)):
         decoded = _reference(name, encode(values), 512)
         span = np.ptp(values.reshape(3, -1, 16), axis=-1).max()
         assert np.abs(decoded - values).max() <= span / levels * 1.5, name
@@ -116,13 +145,18 @@ def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():
         assert (np.abs(decoded - values).reshape(3, -1, 256) <= absmax * 14 / 127).all(), name
 
 
-def test_only_the_formats_named_are_transcoded():
-    assert set(TARGET) == {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
+def test_three_formats_keep_their_quants_and_every_other_block_format_is_requantized():
+    rewritten = rewritten_formats()
+    assert rewritten[:3] == ("Q4_K", "Q5_K", "IQ4_XS") and not any(requantized(n) for n in rewritten[:3])
+    assert {"Q2_K", "Q3_K", "Q6_K", "IQ1_M", "IQ2_XXS", "IQ3_S", "TQ1_0", "MXFP4"} <= set(rewritten)
+    assert all(transcoded_format(n) is FORMATS["Q8_0"] for n in rewritten[3:])
     assert transcoded_format("q4_k") is FORMATS["Q4_1"] and transcoded_format("Q5_K") is FORMATS["Q5_1"]
-    assert transcoded_format("Q4_1") is None
-    assert transcoded_format("IQ4_NL") is None
-    with pytest.raises(ValueError, match="no transcoding for MXFP4"):
-        transcode("MXFP4", np.zeros((1, 17), np.uint8), 32)
+    for read_as_they_are in FORMATS:
+        assert transcoded_format(read_as_they_are) is None
+    for not_blocks in ("F32", "F16", "BF16", "I8", "I32", "Q8_K", "NOT_A_TYPE"):  # Q8_K: ggml's activations only
+        assert transcoded_format(not_blocks) is None
+    with pytest.raises(ValueError, match="no transcoding for Q8_K"):
+        transcode("Q8_K", np.zeros((1, 292), np.uint8), 256)
 
 
 def test_a_q4_k_scale_past_float16_is_refused_naming_it():

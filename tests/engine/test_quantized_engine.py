@@ -49,12 +49,13 @@ HELD_OUT = (
 @pytest.fixture(scope="module")
 def small_files(tmp_path_factory) -> dict[str, str]:
     """The bundled model's first 3 layers with some matrices converted (Q/K rows are
-    permuted in the file: Q4_0 and Q8_0 ones too), and a file holding an MXFP4 matrix."""
+    permuted in the file: Q4_0 and Q8_0 ones too), and a file holding a matrix in a format
+    no loader takes (Q8_K, ggml's activations')."""
     folder = tmp_path_factory.mktemp("gguf")
-    files = {"mixed": folder / "mixed.gguf", "mxfp4": folder / "mxfp4.gguf"}
+    files = {"mixed": folder / "mixed.gguf", "q8_k": folder / "q8_k.gguf"}
     rewrite_gguf({files["mixed"]: {"blk.0.attn_q.weight": "Q4_0", "blk.0.attn_k.weight": "Q8_0",  # V: Q4_1
                                    "blk.1.ffn_down.weight": "Q4_0", "blk.2.ffn_up.weight": "Q8_0"},
-                  files["mxfp4"]: {"blk.0.ffn_gate.weight": "MXFP4"}}, layers=3)
+                  files["q8_k"]: {"blk.0.ffn_down.weight": "Q8_K"}}, layers=3)
     return {name: str(path) for name, path in files.items()}
 
 
@@ -188,8 +189,9 @@ def test_q4_0_and_q8_0_parts_in_one_matrix(small_files, small_reference):
 
 
 def test_an_unsupported_format_is_a_clear_error(small_files):
-    with pytest.raises(UnsupportedQuantization, match=r"MXFP4 \(tensor blk\.0\.ffn_gate\.weight\).*Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS\)"):
-        make_engine(model=small_files["mxfp4"], quantization="auto", num_kv_blocks=16)
+    with pytest.raises(UnsupportedQuantization,
+                       match=r"Q8_K \(tensor blk\.0\.ffn_down\.weight\).*Q8_0, IQ4_NL, Q4_K, Q5_K, IQ4_XS, Q2_K, Q3_K, Q6_K"):
+        make_engine(model=small_files["q8_k"], quantization="auto", num_kv_blocks=16)
 
 
 def test_a_bad_setting_is_refused():

@@ -14,7 +14,12 @@ from baton.engine.config import ModelConfig
 from baton.engine.gguf_file import read_gguf
 from baton.engine.quant.formats import FORMATS, format_named
 from baton.engine.quant.formats import dequantize as dequantize_blocks
-from baton.engine.quant.transcode import TARGET, transcode, transcoded_format
+from baton.engine.quant.transcode import (
+    requantized,
+    rewritten_formats,
+    transcode,
+    transcoded_format,
+)
 from baton.engine.quant.weight import QuantizedTensor
 from baton.engine.tokenizer import Tokenizer
 
@@ -133,10 +138,11 @@ def _check_formats(reader) -> None:
         if _kept_quantized(t) and transcoded_format(t.type_name):
             transcoded[t.type_name] = transcoded.get(t.type_name, 0) + 1
         elif _kept_quantized(t):
-            format_named(t.type_name, t.name, also=tuple(TARGET))
+            format_named(t.type_name, t.name, also=rewritten_formats())
     if transcoded:
-        log.info("GGUF formats without kernels of their own, rewritten at load: %s",
-                 ", ".join(f"{n} x {name} as {TARGET[name]}" for name, n in sorted(transcoded.items())))
+        log.info("GGUF formats without kernels of their own, rewritten at load: %s", ", ".join(
+            f"{n} x {name} as {transcoded_format(name).name}{' (requantized)' if requantized(name) else ''}"
+            for name, n in sorted(transcoded.items())))
 
 
 def _quantized(t, config: ModelConfig) -> QuantizedTensor:
@@ -147,7 +153,7 @@ def _quantized(t, config: ModelConfig) -> QuantizedTensor:
         except ValueError as e:
             raise ValueError(f"tensor {t.name}: {e}") from e
     else:
-        fmt = format_named(t.type_name, t.name, also=tuple(TARGET))
+        fmt = format_named(t.type_name, t.name, also=rewritten_formats())
     heads = _permuted_heads(t.name, config)
     if heads:  # whole rows move: each row's blocks stay as they are
         raw = unpermute_rows(torch.from_numpy(np.array(raw)), heads).numpy()

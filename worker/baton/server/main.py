@@ -33,8 +33,9 @@ def add_arguments(parser) -> None:
                         "hardware); a prefill and a decode worker must agree")
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
                         help="auto: products on a GGUF checkpoint's quantized blocks as they are "
-                        "(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; Q4_K, Q5_K, Q6_K and IQ4_XS rewritten at "
-                        "load into Q4_1, Q5_1, Q8_0 and IQ4_NL); none: weights at full precision (--dtype)")
+                        "(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; Q4_K, Q5_K and IQ4_XS rewritten at load into "
+                        "Q4_1, Q5_1 and IQ4_NL, every other block format the gguf package reads (Q6_K, Q3_K, "
+                        "Q2_K, IQ2...) requantized to Q8_0); none: weights at full precision (--dtype)")
     parser.add_argument("--prompt-products", default="auto", choices=PROMPT_PRODUCTS,
                         help="on CPU, what the many-row products on quantized weights (prompt chunks) "
                         "run on: auto = AMX tiles where the CPU has them, else int8 on AVX512-VNNI "

@@ -4,18 +4,21 @@ Most GGUF files in circulation are k-quant mixes (Q4_K_M, Q5_K_M, Q6_K) or IQ4_X
 matrix's width is not a multiple of 256 llama.cpp falls back to Q5_0, Q5_1, Q8_0 or IQ4_NL
 for it, which are read as they are. Each other matrix becomes blocks of 32 the kernels read
 (quant/formats.py), one tensor at a time, with no full-precision copy of more than a slice
-of rows:
+of rows. Three keep their quants:
 
     Q4_K  -> Q4_1  the same 4-bit quants; a block's scale d * sc and minimum -dmin * m
                    (6-bit multipliers of the super-block's two float16 scales) rounded to
                    float16: each moves by at most 2^-11 of itself
     Q5_K  -> Q5_1  the same 5-bit quants, scales as Q4_K's
-    Q6_K  -> Q8_0  requantized: its 16-value sub-blocks each have a scale, which no format
-                   here holds; 32 values a block to absmax / 127 steps, about four times
-                   finer than the 6-bit steps they come from
     IQ4_XS -> IQ4_NL  the same 4-bit indices into the same 16 levels; a block's scale
                    d * (ls - 32) (a 6-bit multiplier of the super-block's float16 d)
                    rounded to float16, as Q4_K's
+
+and every other block format the `gguf` package reads (Q6_K, Q2_K, Q3_K, the IQ1-IQ3
+families, TQ1_0, TQ2_0, MXFP4...) is requantized to Q8_0: 32 values a block to absmax / 127
+steps, finer than the steps of any of them (Q6_K's are about four times coarser; Q2_K, Q3_K
+and Q6_K scale sub-blocks of 16 values, which no format here holds). The cost is memory:
+8.5 bits a value, against 6.6 for Q6_K, 3.4 for Q3_K and 2.6 for Q2_K.
 
 The values of each source format are the `gguf` package's (ggml's definitions). A matrix
 is rewritten in slices of rows on the process's cores (numpy leaves the interpreter lock
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import numpy as np
 
@@ -39,19 +43,33 @@ SLICE_VALUES = 1 << 22  # values rewritten at a time (per thread): bounds the te
 
 
 def transcoded_format(name: str) -> BlockFormat | None:
-    """The kernel format a GGUF type `name` is rewritten into, or None if it is not."""
-    target = TARGET.get(name.upper())
-    return FORMATS[target] if target else None
+    """The kernel format a GGUF type `name` is rewritten into, or None if it is not (read
+    as it is, or not a block format this machine's gguf package reads)."""
+    target = _rewrite(name.upper())
+    return FORMATS[target[0]] if target else None
+
+
+def requantized(name: str) -> bool:
+    """Whether `name` becomes Q8_0 by requantization (its quants are not kept)."""
+    target = _rewrite(name.upper())
+    return target is not None and target[1] is _requantized_as_q8_0
+
+
+def rewritten_formats() -> tuple[str, ...]:
+    """Every GGUF type a loader rewrites, those that keep their quants first."""
+    from gguf import GGMLQuantizationType
+
+    return (*_EXACT, *(t.name for t in GGMLQuantizationType if t.name not in _EXACT and _rewrite(t.name)))
 
 
 def transcode(name: str, raw: np.ndarray, k: int, threads: int | None = None) -> tuple[BlockFormat, np.ndarray]:
     """uint8 [rows, row bytes] of GGUF type `name` -> (format, its uint8 [rows, k / 32 blocks]),
     on `threads` threads (default: the cores this process may run on)."""
     name = name.upper()
-    if name not in _REWRITES:
+    target = _rewrite(name)
+    if target is None:
         raise ValueError(f"no transcoding for {name}")
-    target, rewrite = _REWRITES[name]
-    fmt = FORMATS[target]
+    fmt, rewrite = FORMATS[target[0]], target[1]
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     rows = raw.shape[0]
     out = np.empty((rows, k // BLOCK * fmt.block_bytes), dtype=np.uint8)
@@ -59,7 +77,7 @@ def transcode(name: str, raw: np.ndarray, k: int, threads: int | None = None) ->
     starts = range(0, rows, step)
 
     def rewrite_slice(first: int) -> None:
-        out[first : first + step] = rewrite(raw[first : first + step], k)
+        out[first : first + step] = rewrite(raw[first : first + step], k, name)
 
     workers = min(len(starts), threads or _usable_cores())
     if workers <= 1:
@@ -119,14 +137,14 @@ def _block_nibbles(qs: np.ndarray) -> np.ndarray:
     return (values[..., :16] | (values[..., 16:] << 4)).astype(np.uint8)
 
 
-def _q4_k_as_q4_1(raw: np.ndarray, k: int) -> np.ndarray:
+def _q4_k_as_q4_1(raw: np.ndarray, k: int, _name: str) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q4_K_BYTES)
     out = np.concatenate([_k_quant_headers(blocks), _block_nibbles(blocks[..., 16:])], axis=-1)
     return out.reshape(rows, k // BLOCK * FORMATS["Q4_1"].block_bytes)
 
 
-def _q5_k_as_q5_1(raw: np.ndarray, k: int) -> np.ndarray:
+def _q5_k_as_q5_1(raw: np.ndarray, k: int, _name: str) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q5_K_BYTES)
     # [rows, supers, 32 values, 8]: bit j of byte l is value l's fifth bit in sub-block j
@@ -136,7 +154,7 @@ def _q5_k_as_q5_1(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, k // BLOCK * FORMATS["Q5_1"].block_bytes)
 
 
-def _iq4_xs_as_iq4_nl(raw: np.ndarray, k: int) -> np.ndarray:
+def _iq4_xs_as_iq4_nl(raw: np.ndarray, k: int, _name: str) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _IQ4_XS_BYTES)
     d = float16_values(blocks[..., 0:2])
@@ -151,16 +169,46 @@ def _iq4_xs_as_iq4_nl(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, k // BLOCK * FORMATS["IQ4_NL"].block_bytes)
 
 
-def _q6_k_as_q8_0(raw: np.ndarray, k: int) -> np.ndarray:
-    """Requantized: Q6_K's values (the gguf package's) to Q8_0 blocks."""
+def _requantized_as_q8_0(raw: np.ndarray, k: int, name: str) -> np.ndarray:
+    """Requantized: the values of GGUF type `name` (the gguf package's) to Q8_0 blocks."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    values = dequantize(raw, GGMLQuantizationType.Q6_K).reshape(-1, k).astype(np.float32)
-    return quantize(values, GGMLQuantizationType.Q8_0)
+    with np.errstate(invalid="ignore", over="ignore"):  # checked next
+        values = dequantize(raw, GGMLQuantizationType[name]).reshape(-1, k).astype(np.float32)
+    if not np.isfinite(values).all():
+        raise ValueError(f"a {name} block holds values that are not finite (the file's scales are corrupt)")
+    with np.errstate(over="ignore"):  # checked next
+        out = quantize(values, GGMLQuantizationType.Q8_0)
+    scales = out.reshape(out.shape[0], -1, FORMATS["Q8_0"].block_bytes)[..., 0:2].copy().view(np.float16)
+    if not np.isfinite(scales).all():
+        raise ValueError(f"a {name} block's values reach past what a Q8_0 scale (float16) can hold")
+    return out
 
 
-# GGUF type -> (the format it becomes, the rewrite)
-_REWRITES = {"Q4_K": ("Q4_1", _q4_k_as_q4_1), "Q5_K": ("Q5_1", _q5_k_as_q5_1), "Q6_K": ("Q8_0", _q6_k_as_q8_0),
-             "IQ4_XS": ("IQ4_NL", _iq4_xs_as_iq4_nl)}
-TARGET = {name: target for name, (target, _) in _REWRITES.items()}
+# GGUF type -> (the format it becomes, the rewrite), for the formats whose quants are kept
+_EXACT = {"Q4_K": ("Q4_1", _q4_k_as_q4_1), "Q5_K": ("Q5_1", _q5_k_as_q5_1), "IQ4_XS": ("IQ4_NL", _iq4_xs_as_iq4_nl)}
+
+
+@cache
+def _rewrite(name: str):
+    """(target format name, rewrite) for GGUF type `name`, or None: the exact rewrites, else
+    Q8_0 for any other block format the gguf package dequantizes (asked with one zero block)."""
+    if name in _EXACT:
+        return _EXACT[name]
+    if name in FORMATS:
+        return None
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = getattr(GGMLQuantizationType, name, None)
+    if qtype is None or name in ("F32", "F16", "BF16", "F64") or qtype not in GGML_QUANT_SIZES:
+        return None
+    block_values, block_bytes = GGML_QUANT_SIZES[qtype]
+    if block_values % BLOCK:
+        return None  # not blocks of 32 values or a multiple (I8, I32...)
+    try:
+        dequantize(np.zeros(block_bytes, np.uint8), qtype)
+    except (NotImplementedError, ValueError, TypeError):
+        return None
+    return "Q8_0", _requantized_as_q8_0
