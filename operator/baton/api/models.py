@@ -66,8 +66,9 @@ class EngineSettings(ApiModel):
         "activations on a CPU with bf16 in hardware); prefill and decode workers must agree, so pin "
         "it where nodes' CPUs differ")
     quantization: Literal["auto", "none"] = Field(
-        "auto", description="auto: a GGUF model's Q4_0/Q4_1/Q8_0 weights served as stored; "
-        "none: dequantized to dtype at load")
+        "auto", description="auto: a GGUF model's quantized weights served as blocks (Q4_0, Q4_1, "
+        "Q5_0, Q5_1, Q8_0 and IQ4_NL as stored; Q4_K, Q5_K and IQ4_XS rewritten with their quants "
+        "kept; every other GGUF block format requantized to Q8_0); none: dequantized to dtype at load")
     prompt_products: Literal["auto", "int8", "bf16"] = Field(
         "auto", description="on CPU, what many-row products on quantized weights (prompt chunks) run "
         "on: auto = AMX tiles where the node's CPU has them, else int8 on AVX512-VNNI, else "
