@@ -32,9 +32,8 @@ def _q8_k_zeros(values):
 
 
 # what the gguf package cannot write
-_ENCODERS = {"Q8_K": _q8_k_zeros, "Q2_K": encode_q2_k, "Q3_K": encode_q3_k, "Q4_K": encode_q4_k, "Q5_K": encode_q5_k,
-             "Q6_K": encode_q6_k, "IQ4_NL": encode_iq4_nl,
-             "IQ4_XS": encode_iq4_xs}
+_ENCODERS = {"Q2_K": encode_q2_k, "Q3_K": encode_q3_k, "Q4_K": encode_q4_k, "Q5_K": encode_q5_k, "Q6_K": encode_q6_k,
+             "IQ4_NL": encode_iq4_nl, "IQ4_XS": encode_iq4_xs, "Q8_K": _q8_k_zeros}
 
 
 def rewrite_gguf(files: dict[Path, dict[str, str]], layers: int) -> None:

@@ -17,7 +17,9 @@ from tests.server.workers import new_id
 pytestmark = pytest.mark.slow
 CLIENTS = 256
 TOKENS = 8  # each: small, so the whole run takes about a minute on a busy CPU
-REMOTE_EVERY = 64  # one client in 64 has a long prompt, prefilled on the prefill worker (3 s each, one after another: the fault tests slow its layers)
+# one client in 64 has a long prompt, prefilled on the prefill worker: each takes 3 s there, one
+# after another (the fault tests slow its layers), so more would only lengthen the test
+REMOTE_EVERY = 64
 
 
 def test_256_concurrent_streaming_clients(stack):

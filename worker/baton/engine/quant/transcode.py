@@ -201,7 +201,7 @@ def _rewrite(name: str):
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
-    qtype = getattr(GGMLQuantizationType, name, None)
+    qtype = GGMLQuantizationType.__members__.get(name)
     if qtype is None or name in ("F32", "F16", "BF16", "F64") or qtype not in GGML_QUANT_SIZES:
         return None
     block_values, block_bytes = GGML_QUANT_SIZES[qtype]
