@@ -16,15 +16,7 @@ from baton.engine.quant.transcode import (
     transcoded_format,
 )
 
-from .kquant_encode import (
-    encode_iq4_nl,
-    encode_iq4_xs,
-    encode_q2_k,
-    encode_q3_k,
-    encode_q4_k,
-    encode_q5_k,
-    encode_q6_k,
-)
+from . import kquant_encode as encoders
 
 # where each source format keeps its float16 scales: (offset of d, offset of its min or None)
 _SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q5_0": (0, None), "Q5_1": (0, 2),
@@ -134,12 +126,13 @@ def test_a_failing_slice_fails_the_whole_rewrite(monkeypatch):
 
 def test_the_test_encoders_write_blocks_ggml_reads_back_within_a_step():
     values = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32) * 0.05
-    for encode, name, levels in ((encode_q4_k, "Q4_K", 15), (encode_q5_k, "Q5_K", 31), (encode_q6_k, "Q6_K", 63),
-                                 (encode_q2_k, "Q2_K", 3), (encode_q3_k, "Q3_K", 7)):
+    for name, levels in (("Q4_K", 15), ("Q5_K", 31), ("Q6_K", 63), ("Q2_K", 3), ("Q3_K", 7)):
+        encode = getattr(encoders, f"encode_{name.lower()}")
         decoded = _reference(name, encode(values), 512)
         span = np.ptp(values.reshape(3, -1, 16), axis=-1).max()
         assert np.abs(decoded - values).max() <= span / levels * 1.5, name
-    for encode, name in ((encode_iq4_nl, "IQ4_NL"), (encode_iq4_xs, "IQ4_XS")):  # levels up to 24 apart, of 127
+    for name in ("IQ4_NL", "IQ4_XS"):  # levels up to 24 apart, of 127
+        encode = getattr(encoders, f"encode_{name.lower()}")
         decoded = _reference(name, encode(values), 512)
         absmax = np.abs(values.reshape(3, -1, 256)).max(axis=-1, keepdims=True)
         assert (np.abs(decoded - values).reshape(3, -1, 256) <= absmax * 14 / 127).all(), name
