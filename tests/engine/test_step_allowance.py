@@ -21,7 +21,8 @@ from baton.engine.step_budget import (
     starting_credit_s,
     step_allowance_s,
 )
-from tests.engine.test_step_budget import BANK, costs_of
+from tests.engine.test_step_budget import costs_of
+from tests.engine.test_step_budget_chunks import BANK
 
 
 def test_allowance_is_the_time_each_decode_has_saved_against_the_objective():
