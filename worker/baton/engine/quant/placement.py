@@ -213,6 +213,6 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
             tiles = "" if dense.engine else f"tiles dequantized ({dequantize_kernel_name(lib)}), "
             how = (f"native {name} kernels ({KERNELS.get(name, name)}) on {this_cpu().describe()}; "
                    f"prompt chunks: {tiles}{dense_why}; {pages}")
-    log.info("quantization %s: the checkpoint's blocks as they are (%s; %.0f MB); products: %s",
+    log.info("quantization %s: the checkpoint's blocks, held quantized (%s; %.0f MB); products: %s",
              setting, held, megabytes, how)
     return how
