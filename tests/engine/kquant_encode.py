@@ -22,19 +22,27 @@ def _divide(x: np.ndarray, by: np.ndarray) -> np.ndarray:
     return np.divide(x, by, out=np.zeros(np.broadcast(x, by).shape, np.float32), where=by != 0)
 
 
+def _min_scale_quants(x: np.ndarray, levels: int, largest_multiplier: int):
+    """float32 [rows, supers, sub-blocks, values] -> (d bytes, dmin bytes, scale multipliers,
+    min multipliers [..., sub-blocks], quants in 0..levels) for value = d sc q - dmin m per
+    sub-block, the multipliers in 0..largest_multiplier (Q2_K, Q4_K, Q5_K)."""
+    low = np.minimum(x.min(axis=-1), 0)
+    scale, least = (x.max(axis=-1) - low) / levels, -low
+    d_bytes, d = _half(scale.max(axis=-1) / largest_multiplier)
+    m_bytes, dmin = _half(least.max(axis=-1) / largest_multiplier)
+    sc = np.clip(np.rint(_divide(scale, d[..., None])), 0, largest_multiplier).astype(np.uint8)
+    mn = np.clip(np.rint(_divide(least, dmin[..., None])), 0, largest_multiplier).astype(np.uint8)
+    step, base = d[..., None] * sc, dmin[..., None] * mn
+    q = np.clip(np.rint(_divide(x + base[..., None], step[..., None])), 0, levels).astype(np.uint8)
+    return d_bytes, m_bytes, sc, mn, q
+
+
 def _min_scale_blocks(values: np.ndarray, levels: int):
     """float32 [rows, k] -> (d, dmin bytes, packed 6-bit multipliers [..., 12], quants
     [rows, supers, 8, 32] in 0..levels) for value = d sc q - dmin m per 32 (Q4_K, Q5_K)."""
     rows, k = values.shape
     x = values.reshape(rows, k // SUPER, 8, 32).astype(np.float32)
-    low = np.minimum(x.min(axis=-1), 0)
-    scale, least = (x.max(axis=-1) - low) / levels, -low
-    d_bytes, d = _half(scale.max(axis=-1) / 63)
-    m_bytes, dmin = _half(least.max(axis=-1) / 63)
-    sc = np.clip(np.rint(_divide(scale, d[..., None])), 0, 63).astype(np.uint8)
-    mn = np.clip(np.rint(_divide(least, dmin[..., None])), 0, 63).astype(np.uint8)
-    step, base = d[..., None] * sc, dmin[..., None] * mn
-    q = np.clip(np.rint(_divide(x + base[..., None], step[..., None])), 0, levels).astype(np.uint8)
+    d_bytes, m_bytes, sc, mn, q = _min_scale_quants(x, levels, 63)
     packed = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
                              (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], axis=-1)
     return np.concatenate([d_bytes, m_bytes, packed], axis=-1), q
@@ -90,15 +98,8 @@ def encode_q2_k(values: np.ndarray) -> np.ndarray:
     0..3, sc and m 4-bit (one byte a sub-block: sc low, m high)."""
     rows, k = values.shape
     x = values.reshape(rows, k // SUPER, 16, 16).astype(np.float32)
-    low = np.minimum(x.min(axis=-1), 0)
-    scale, least = (x.max(axis=-1) - low) / 3, -low
-    d_bytes, d = _half(scale.max(axis=-1) / 15)
-    m_bytes, dmin = _half(least.max(axis=-1) / 15)
-    sc = np.clip(np.rint(_divide(scale, d[..., None])), 0, 15).astype(np.uint8)
-    mn = np.clip(np.rint(_divide(least, dmin[..., None])), 0, 15).astype(np.uint8)
-    q = np.clip(np.rint(_divide(x + (dmin[..., None] * mn)[..., None], (d[..., None] * sc)[..., None])), 0, 3)
-    return np.concatenate([sc | (mn << 4), _two_bit_chunks(q.astype(np.uint8)), d_bytes, m_bytes],
-                          axis=-1).reshape(rows, -1)
+    d_bytes, m_bytes, sc, mn, q = _min_scale_quants(x, 3, 15)
+    return np.concatenate([sc | (mn << 4), _two_bit_chunks(q), d_bytes, m_bytes], axis=-1).reshape(rows, -1)
 
 
 def encode_q3_k(values: np.ndarray) -> np.ndarray:
