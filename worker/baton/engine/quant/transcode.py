@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
+from functools import cache, partial
 
 import numpy as np
 
@@ -51,8 +51,7 @@ def transcoded_format(name: str) -> BlockFormat | None:
 
 def requantized(name: str) -> bool:
     """Whether `name` becomes Q8_0 by requantization (its quants are not kept)."""
-    target = _rewrite(name.upper())
-    return target is not None and target[1] is _requantized_as_q8_0
+    return name.upper() not in _EXACT and _rewrite(name.upper()) is not None
 
 
 def rewritten_formats() -> tuple[str, ...]:
@@ -77,7 +76,7 @@ def transcode(name: str, raw: np.ndarray, k: int, threads: int | None = None) ->
     starts = range(0, rows, step)
 
     def rewrite_slice(first: int) -> None:
-        out[first : first + step] = rewrite(raw[first : first + step], k, name)
+        out[first : first + step] = rewrite(raw[first : first + step], k)
 
     workers = min(len(starts), threads or _usable_cores())
     if workers <= 1:
@@ -137,14 +136,14 @@ def _block_nibbles(qs: np.ndarray) -> np.ndarray:
     return (values[..., :16] | (values[..., 16:] << 4)).astype(np.uint8)
 
 
-def _q4_k_as_q4_1(raw: np.ndarray, k: int, _name: str) -> np.ndarray:
+def _q4_k_as_q4_1(raw: np.ndarray, k: int) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q4_K_BYTES)
     out = np.concatenate([_k_quant_headers(blocks), _block_nibbles(blocks[..., 16:])], axis=-1)
     return out.reshape(rows, k // BLOCK * FORMATS["Q4_1"].block_bytes)
 
 
-def _q5_k_as_q5_1(raw: np.ndarray, k: int, _name: str) -> np.ndarray:
+def _q5_k_as_q5_1(raw: np.ndarray, k: int) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _Q5_K_BYTES)
     # [rows, supers, 32 values, 8]: bit j of byte l is value l's fifth bit in sub-block j
@@ -154,7 +153,7 @@ def _q5_k_as_q5_1(raw: np.ndarray, k: int, _name: str) -> np.ndarray:
     return out.reshape(rows, k // BLOCK * FORMATS["Q5_1"].block_bytes)
 
 
-def _iq4_xs_as_iq4_nl(raw: np.ndarray, k: int, _name: str) -> np.ndarray:
+def _iq4_xs_as_iq4_nl(raw: np.ndarray, k: int) -> np.ndarray:
     rows, supers = raw.shape[0], k // SUPER
     blocks = raw.reshape(rows, supers, _IQ4_XS_BYTES)
     d = float16_values(blocks[..., 0:2])
@@ -211,4 +210,4 @@ def _rewrite(name: str):
         dequantize(np.zeros(block_bytes, np.uint8), qtype)
     except (NotImplementedError, ValueError, TypeError):
         return None
-    return "Q8_0", _requantized_as_q8_0
+    return "Q8_0", partial(_requantized_as_q8_0, name=name)
