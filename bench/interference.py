@@ -37,7 +37,7 @@ SETUPS = {
 
 
 def run_setup(name: str, args: argparse.Namespace, out: Path, machine: dict) -> dict:
-    spec = StackSpec(port=0, disagg_threshold=str(args.threshold), **SETUPS[name])
+    spec = StackSpec(port=0, disagg_threshold=str(args.threshold), worker_args=list(args.worker_arg), **SETUPS[name])
     stack = LocalStack(spec).start()
     try:
         parser = argparse.ArgumentParser()
@@ -111,13 +111,16 @@ def main() -> None:
     parser.add_argument("--threshold", default="auto",
                         help="router disaggregation threshold for C (auto: measured, weighs load)")
     parser.add_argument("--slo", default="ttft=5s,tpot=200ms")
+    parser.add_argument("--worker-arg", action="append", default=[],
+                        help="extra `baton worker` argument for every setup's workers, e.g. "
+                        "--worker-arg=--prefill-cpu-priority=normal")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = machine_record()  # before the stacks load the machine
     results = {name: run_setup(name, args, out, machine) for name in args.setups.split(",")}
-    summary = {**headline(results), "machine": machine}
+    summary = {**headline(results), "worker_args": args.worker_arg, "machine": machine}
     (out / "interference_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
 

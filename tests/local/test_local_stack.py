@@ -6,6 +6,7 @@ and a fixed disaggregation threshold so short prompts stay local and long ones g
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 
 import httpx
@@ -133,6 +134,21 @@ def test_bad_inputs_get_4xx(stack, model):
             r = http.post("/v1/completions", json=body)
             assert 400 <= r.status_code < 500 and r.json()["error"]["message"], body
         assert http.post("/v1/chat/completions", json={"model": model}).status_code == 400
+
+
+def test_the_prefill_worker_yields_its_core_and_the_decode_worker_does_not(stack):
+    """With a core each (baton up pins them), the prefill worker runs at SCHED_IDLE, so the
+    threads that wake up beside the two (the router's, the decode worker's) go to its core."""
+    from baton.server.cpu_priority import thread_policies
+
+    prefill = stack.server("baton.server.main", "--role prefill")
+    decode = stack.server("baton.server.main", "--role decode")
+    own_cores = len(os.sched_getaffinity(0)) >= 2
+    assert set(thread_policies(prefill.pid).values()) == {os.SCHED_IDLE if own_cores else os.SCHED_OTHER}
+    assert set(thread_policies(decode.pid).values()) == {os.SCHED_OTHER}
+    if own_cores:
+        log = next(stack.log_dir.glob("worker-*-prefill.log")).read_text()
+        assert "threads at CPU priority idle (SCHED_IDLE)" in log
 
 
 def test_sigterm_stops_every_process(stack):

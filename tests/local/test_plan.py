@@ -48,6 +48,27 @@ def test_no_affinity_pins_nothing():
     assert plan.cores == () and "--cpu-core" not in worker_args(plan, 1, 2, "h", "a", None, None, [], [])
 
 
+def test_a_prefill_worker_yields_the_cpu_only_on_cores_of_its_own():
+    def yielding(plans):
+        return [p.role for p in plans if p.yields_cpu]
+
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1])) == ["prefill"]
+    assert yielding(plan_workers(plan_roles(2, 2, 0), [0, 1, 2, 3])) == ["prefill", "prefill"]
+    # more workers than cores: prefill-0 shares core 0 with decode-2, which would starve it
+    assert yielding(plan_workers(plan_roles(1, 2, 0), [0, 1])) == []
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [])) == []  # nothing pinned: any core
+    assert yielding(plan_workers(plan_roles(0, 0, 2), [0, 1])) == []  # colocated workers decode
+    # ranks in processes of their own would keep the normal policy; a converted worker
+    # would have to leave SCHED_IDLE, which takes privilege
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1, 2], prefill_tp=2)) == []
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1], convertible=True)) == []
+    [prefill, decode] = plan_workers(plan_roles(1, 1, 0), [0, 1])
+    args = worker_args(prefill, 1, 2, "h", "a", None, None, [], ["--prefill-cpu-priority=normal"])
+    assert args[args.index("--prefill-cpu-priority") + 1] == "idle"
+    assert args[-1] == "--prefill-cpu-priority=normal"  # a --worker-arg comes later and wins
+    assert "--prefill-cpu-priority" not in worker_args(decode, 1, 2, "h", "a", None, None, [], [])
+
+
 @pytest.mark.parametrize("sizes", [(0, 1), (1, -2)])
 def test_a_size_below_one_is_refused_naming_both_flags(sizes):
     with pytest.raises(ValueError, match="--prefill-tp and --decode-tp must be at least 1"):

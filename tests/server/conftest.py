@@ -34,12 +34,14 @@ DOOMED_LAYER_DELAY_S = 0.1  # 30 layers: its transfer spans ~3 s, time to kill i
 @pytest.fixture(scope="session")
 def cluster():
     """prefill (16-token blocks, 16-token chunks, a corruptible layer for `corrupt-` ids),
-    decode over TCP (32-token blocks), decode over shared memory (16), a colocated one, and a
+    decode over TCP (32-token blocks, SCHED_IDLE when switched to prefill), decode over shared memory (16), a colocated one, and a
     slow prefill worker that one test kills (all started together: startup dominates)."""
     specs = [
         ("prefill", "prefill", ["--block-size", "16", "--chunk-size", "16", "--kv-cache-memory-gb", "0.1"],
          {"BATON_TEST_CORRUPT_LAYER": "5", "BATON_TEST_CORRUPT_PREFIX": "corrupt-"}),
-        ("decode-tcp", "decode", ["--block-size", "32", "--kv-transport", "tcp", *SMALL_POOL], None),
+        # it yields the CPU while a test has switched it to prefill (test_migration.py)
+        ("decode-tcp", "decode", ["--block-size", "32", "--kv-transport", "tcp", "--prefill-cpu-priority", "idle",
+                                  *SMALL_POOL], None),
         ("decode-shm", "decode", ["--block-size", "16", "--kv-transport", "shm", *SMALL_POOL], None),
         ("both", "both", ["--block-size", "16", *SMALL_POOL], None),
         ("doomed-prefill", "prefill", ["--block-size", "16", "--chunk-size", "0", *SMALL_POOL],

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import httpx
 import pytest
 
+from baton.server.cpu_priority import thread_policies
 from tests.server.conftest import NEW_TOKENS
 from tests.server.workers import TOKEN, generate, handoff, new_id
 
@@ -119,8 +121,10 @@ def test_drain_switch_to_prefill_serve_and_switch_back(cluster, prompt_ids, refe
     assert status["state"] == "drained" and status["running"] == 0
     assert sorted(status["migrated"]) == sorted(rids)
 
+    assert set(thread_policies(worker.proc.pid).values()) == {os.SCHED_OTHER}  # decoding: normal
     switched = worker.post("/internal/role", {"role": "prefill"})
     assert switched.status_code == 200, switched.text
+    assert set(thread_policies(worker.proc.pid).values()) == {os.SCHED_IDLE}  # --prefill-cpu-priority idle
     state = worker.state()
     assert state["role"] == "prefill" and state["state"] == "active"
     assert state["weights_ptr"] == start["weights_ptr"]  # no weight reload
@@ -136,6 +140,10 @@ def test_drain_switch_to_prefill_serve_and_switch_back(cluster, prompt_ids, refe
     state = worker.state()
     assert (state["role"], state["num_blocks"], state["weights_ptr"]) == ("decode", start["num_blocks"], start["weights_ptr"])
     assert worker.get("/ready").status_code == 200
+    # every thread back, those started while it was a prefill worker (and inherited idle) too;
+    # leaving SCHED_IDLE takes privilege, without which the worker says it could not
+    back_to = os.SCHED_OTHER if os.geteuid() == 0 else os.SCHED_IDLE
+    assert set(thread_policies(worker.proc.pid).values()) == {back_to}
     assert worker.metric("baton_role_conversions_total") >= 2
 
 

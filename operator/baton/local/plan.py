@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -11,6 +12,9 @@ class WorkerPlan:
     role: str  # prefill | decode | both
     cores: tuple[int, ...] = ()  # pinned CPU cores, shared out among its tensor-parallel ranks
     tensor_parallel_size: int = 1
+    # a prefill worker whose cores no other worker shares runs at SCHED_IDLE, so the router's
+    # and the decode workers' threads that wake up go to its cores, not a decode step's
+    yields_cpu: bool = False
 
 
 def plan_roles(prefill: int, decode: int, colocated: int) -> list[str]:
@@ -45,7 +49,11 @@ def plan_workers(roles: list[str], cores: list[int], prefill_tp: int = 1, decode
         mine = tuple(cores[(next_core + c) % len(cores)] for c in range(held)) if cores else ()
         next_core += held
         plans.append(WorkerPlan(i, role, mine, tp))
-    return plans
+    if convertible:  # a converted worker would have to leave SCHED_IDLE, which needs privilege
+        return plans
+    holders = Counter(core for plan in plans for core in plan.cores)
+    return [replace(plan, yields_cpu=True) if plan.role == "prefill" and plan.tensor_parallel_size == 1
+            and plan.cores and all(holders[core] == 1 for core in plan.cores) else plan for plan in plans]
 
 
 def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_host: str,
@@ -59,6 +67,8 @@ def worker_args(plan: WorkerPlan, port: int, kv_port: int, host: str, advertise_
         args += ["--cpu-core", str(core)]
     if plan.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
+    if plan.yields_cpu:  # before `extra`: a --worker-arg may set it back
+        args += ["--prefill-cpu-priority", "idle"]
     if model:
         args += ["--model", model]
     if chunk_size is not None:  # every role: a prefill worker's chunk is what a short prompt waits for

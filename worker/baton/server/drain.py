@@ -22,11 +22,13 @@ log = logging.getLogger(__name__)
 
 class Lifecycle:
     def __init__(self, async_engine, migrator, metrics, *, role: str, start_shape: PoolShape, peers: list[str],
-                 regroup: Callable[[int, PoolShape], Awaitable[tuple[PoolShape, str]]] | None = None):
+                 regroup: Callable[[int, PoolShape], Awaitable[tuple[PoolShape, str]]] | None = None,
+                 switched: Callable[[str, int], None] | None = None):
         self.ae = async_engine
         # regroup(size, start_shape) -> (start_shape for the new group, how rank 0 got its
         # weights) (worker.py)
         self.regroup = regroup
+        self.switched = switched  # switched(role, tensor-parallel size), once a switch is done
         self.migrator = migrator
         self.metrics = metrics
         self.role = role
@@ -130,6 +132,8 @@ class Lifecycle:
             self.metrics.conversions.labels(role=role).inc()
         self.role = role
         self.metrics.set_role(role)
+        if self.switched is not None:
+            self.switched(role, self.ae.engine.config.tensor_parallel_size)
         self.state = ACTIVE
         return {"role": role, "state": self.state, "num_kv_blocks": shape.num_kv_blocks,
                 "tensor_parallel_size": self.ae.engine.config.tensor_parallel_size, "weights": weights,

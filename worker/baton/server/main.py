@@ -13,6 +13,7 @@ from baton.engine.step_budget import (
     DEFAULT_BANK_OBJECTIVES,
 )
 from baton.kv.transport import TOKEN_ENV
+from baton.server.cpu_priority import PRIORITIES
 from baton.server.settings import KV_TRANSPORTS, WorkerSettings
 
 
@@ -80,6 +81,12 @@ def add_arguments(parser) -> None:
                         help="with --ray-address: the other ranks on this node (pack) or each on a "
                         "Ray node of its own, none of them this one's (spread: the model's ranks "
                         "over several machines, their collectives and KV over the network)")
+    parser.add_argument("--prefill-cpu-priority", choices=PRIORITIES, default="normal",
+                        help="while this is a one-process prefill worker, its threads' CPU priority: "
+                        "idle (SCHED_IDLE) runs them only when nothing else on their cores wants to, "
+                        "so that on a machine shared with decode workers and the router their "
+                        "latency-bound threads go first (baton up sets it where a prefill worker's "
+                        "cores are its own); a worker converted to another role returns to normal")
     parser.add_argument("--peers", default="", help="comma-separated decode worker URLs to migrate to on drain")
     parser.add_argument("--ticket-ttl", type=float, default=30.0, help="seconds a reservation waits for its KV")
     parser.add_argument("--queue-timeout", type=float, default=30.0,
@@ -104,7 +111,7 @@ def settings_from_args(args) -> WorkerSettings:
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
         tensor_parallel_size=args.tensor_parallel_size,
-        cpu_cores=list(args.cpu_core), ray_address=args.ray_address, rank_placement=args.rank_placement, peers=[p for p in args.peers.split(",") if p],
+        cpu_cores=list(args.cpu_core), prefill_cpu_priority=args.prefill_cpu_priority, ray_address=args.ray_address, rank_placement=args.rank_placement, peers=[p for p in args.peers.split(",") if p],
         ticket_ttl_s=args.ticket_ttl, insecure_no_token=args.insecure_no_token,
         queue_timeout_s=args.queue_timeout,
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, ROLES
 from baton.kv.endpoint import is_loopback
+from baton.server.cpu_priority import PRIORITIES
 
 KV_TRANSPORTS = ("tcp", "shm", "auto")
 
@@ -39,6 +40,7 @@ class WorkerSettings:
     threads: int | None = None  # per tensor-parallel rank
     tensor_parallel_size: int = 1
     cpu_cores: list[int] = field(default_factory=list)
+    prefill_cpu_priority: str = "normal"  # idle: SCHED_IDLE while a one-process prefill worker (cpu_priority.py)
     ray_address: str | None = None  # start the other ranks through Ray (baton up passes it)
     rank_placement: str = "pack"  # pack: the other ranks on this node; spread: each on its own
     peers: list[str] = field(default_factory=list)  # decode workers to migrate to on drain
@@ -64,6 +66,8 @@ class WorkerSettings:
                              f"objective), got {self.tpot_bank_objectives!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
+        if self.prefill_cpu_priority not in PRIORITIES:
+            raise ValueError(f"--prefill-cpu-priority must be one of {PRIORITIES}, got {self.prefill_cpu_priority!r}")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
         if not self.queue_timeout_s > 0:

@@ -13,6 +13,7 @@ from baton.engine.step_budget import COLOCATED_PROMPT_SHARE
 from baton.kv.stream import BackgroundLoop
 from baton.kv.transport import select_transport
 from baton.server.admissions import Admissions
+from baton.server.cpu_priority import set_worker_priority
 from baton.server.drain import Lifecycle
 from baton.server.errors import ApiError, conflict
 from baton.server.heap import freeze_startup_heap
@@ -90,10 +91,12 @@ class Worker:
         self.migrator = Migrator(self.ae, self.book, self.peers, self.senders, self.metrics, self_url=self.url)
         shape = PoolShape(self.engine.runner.num_blocks, s.max_num_batched_tokens, s.chunk_size)
         self.lifecycle = Lifecycle(self.ae, self.migrator, self.metrics, role=s.role, start_shape=shape, peers=s.peers,
-                                   regroup=self._regroup)
+                                   regroup=self._regroup, switched=self._set_cpu_priority)
         self._janitor = asyncio.get_running_loop().create_task(self._janitor_loop())
         log.info("worker %s: startup heap frozen for the collector %s", s.name, freeze_startup_heap())
         log.info("worker %s: threads named for the OS: %s", s.name, sorted(set(name_os_threads().values())))
+        # once loaded and calibrated: a yielding prefill worker would load slower beside others
+        self._set_cpu_priority(s.role, self.engine.config.tensor_parallel_size)
         config = self.engine.config
         most = f"{config.bank_objectives:g}x that"
         if config.bank_follows_decodes:
@@ -121,6 +124,9 @@ class Worker:
                 self.prefill.rank_export_done(rank, rid, error, sent)
 
         runner.on_kv_event = on_rank_event
+
+    def _set_cpu_priority(self, role: str, tensor_parallel_size: int) -> None:
+        set_worker_priority(self.settings.name, role, self.settings.prefill_cpu_priority, tensor_parallel_size)
 
     async def _regroup(self, size: int, start_shape: PoolShape) -> tuple[PoolShape, str]:
         """Move the drained engine onto `size` ranks on this worker's cores; return the
