@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--slo", default="ttft=5s,tpot=200ms")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="extra `baton worker` argument for every setup's workers, e.g. "
-                        "--worker-arg=--prefill-cpu-priority=normal")
+                        "--worker-arg=--prefill-cpu-priority=idle")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     out = Path(args.out)

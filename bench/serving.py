@@ -42,9 +42,9 @@ LAYOUTS = {"baton-pd": ["--prefill", "1", "--decode", "1"], "baton-colocated-2":
 # a layout's name + "+int8" or "+bf16": its workers' many-row products on quantized weights on
 # that engine (--prompt-products; docs/benchmarks.md, "int16, not ggml's int8 inputs"), judged
 # against the same targets
-# "+prefill-normal": the prefill worker at the normal CPU priority instead of SCHED_IDLE
+# "+prefill-idle": the prefill worker at SCHED_IDLE (--prefill-cpu-priority; server/cpu_priority.py)
 VARIANTS = {"int8": ["--prompt-products=int8"], "bf16": ["--prompt-products=bf16"],
-            "prefill-normal": ["--prefill-cpu-priority=normal"]}
+            "prefill-idle": ["--prefill-cpu-priority=idle"]}
 # the issue's targets, as (metric, ratio to vLLM, "<=" or ">=")
 TARGETS = {
     "baton-pd": [("p99_itl_ms", 1.0, "<="), ("output_throughput", 0.9, ">="), ("median_ttft_ms", 0.5, "<=")],

@@ -1,6 +1,7 @@
 """System tests: `baton up` (Ray, real workers, the router) driven by the official OpenAI
 client. One stack for the module: 1 prefill + 1 decode worker, float32, a small KV pool,
-and a fixed disaggregation threshold so short prompts stay local and long ones go remote.
+the prefill worker at SCHED_IDLE, and a fixed disaggregation threshold so short prompts stay
+local and long ones go remote.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ LONG_PROMPT = ("Baton moves the KV cache from a prefill worker to a decode worke
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    up = UpProcess(["--prefill", "1", "--decode", "1", "--port", "0",
+    up = UpProcess(["--prefill", "1", "--decode", "1", "--port", "0", "--prefill-cpu-priority", "idle",
                     "--disagg-threshold", str(THRESHOLD), *WORKER_ARGS], tmp_path_factory.mktemp("up"))
     try:
         up.wait_up()
@@ -137,8 +138,9 @@ def test_bad_inputs_get_4xx(stack, model):
 
 
 def test_the_prefill_worker_yields_its_core_and_the_decode_worker_does_not(stack):
-    """With a core each (baton up pins them), the prefill worker runs at SCHED_IDLE, so the
-    threads that wake up beside the two (the router's, the decode worker's) go to its core."""
+    """With a core each (baton up pins them) and --prefill-cpu-priority idle, the prefill worker
+    runs at SCHED_IDLE, so the threads that wake up beside the two (the router's, the decode
+    worker's) go to its core."""
     from baton.server.cpu_priority import thread_policies
 
     prefill = stack.server("baton.server.main", "--role prefill")

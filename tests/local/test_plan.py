@@ -48,25 +48,30 @@ def test_no_affinity_pins_nothing():
     assert plan.cores == () and "--cpu-core" not in worker_args(plan, 1, 2, "h", "a", None, None, [], [])
 
 
-def test_a_prefill_worker_yields_the_cpu_only_on_cores_of_its_own():
+def test_a_prefill_worker_yields_the_cpu_when_asked_and_only_on_cores_of_its_own():
     def yielding(plans):
         return [p.role for p in plans if p.yields_cpu]
 
-    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1])) == ["prefill"]
-    assert yielding(plan_workers(plan_roles(2, 2, 0), [0, 1, 2, 3])) == ["prefill", "prefill"]
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1])) == []  # not by default
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1], prefill_yields=True)) == ["prefill"]
+    assert yielding(plan_workers(plan_roles(2, 2, 0), [0, 1, 2, 3], prefill_yields=True)) == ["prefill", "prefill"]
     # more workers than cores: prefill-0 shares core 0 with decode-2, which would starve it
-    assert yielding(plan_workers(plan_roles(1, 2, 0), [0, 1])) == []
-    assert yielding(plan_workers(plan_roles(1, 1, 0), [])) == []  # nothing pinned: any core
-    assert yielding(plan_workers(plan_roles(0, 0, 2), [0, 1])) == []  # colocated workers decode
+    assert yielding(plan_workers(plan_roles(1, 2, 0), [0, 1], prefill_yields=True)) == []
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [], prefill_yields=True)) == []  # nothing pinned
+    assert yielding(plan_workers(plan_roles(0, 0, 2), [0, 1], prefill_yields=True)) == []  # they decode
     # ranks in processes of their own would keep the normal policy; a converted worker
     # would have to leave SCHED_IDLE, which takes privilege
-    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1, 2], prefill_tp=2)) == []
-    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1], convertible=True)) == []
-    [prefill, decode] = plan_workers(plan_roles(1, 1, 0), [0, 1])
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1, 2], prefill_tp=2, prefill_yields=True)) == []
+    assert yielding(plan_workers(plan_roles(1, 1, 0), [0, 1], convertible=True, prefill_yields=True)) == []
+    [prefill, decode] = plan_workers(plan_roles(1, 1, 0), [0, 1], prefill_yields=True)
     args = worker_args(prefill, 1, 2, "h", "a", None, None, [], ["--prefill-cpu-priority=normal"])
     assert args[args.index("--prefill-cpu-priority") + 1] == "idle"
     assert args[-1] == "--prefill-cpu-priority=normal"  # a --worker-arg comes later and wins
     assert "--prefill-cpu-priority" not in worker_args(decode, 1, 2, "h", "a", None, None, [], [])
+    up = argparse.ArgumentParser()
+    add_arguments(up)
+    assert spec_from_args(up.parse_args(["--prefill-cpu-priority", "idle"])).prefill_cpu_priority == "idle"
+    assert spec_from_args(up.parse_args([])).prefill_cpu_priority == "normal"
 
 
 @pytest.mark.parametrize("sizes", [(0, 1), (1, -2)])
@@ -164,6 +169,11 @@ def test_a_stack_a_server_would_refuse_is_refused_before_anything_starts(argv, p
     add_arguments(up)
     with pytest.raises(ValueError, match=problem):
         spec_from_args(up.parse_args(argv)).check()
+
+
+def test_an_unknown_prefill_cpu_priority_is_refused_by_name():
+    with pytest.raises(ValueError, match="--prefill-cpu-priority must be one of .* got 'low'"):
+        StackSpec(prefill_cpu_priority="low").check()
 
 
 def test_the_default_stacks_pass_the_check():

@@ -12,8 +12,8 @@ class WorkerPlan:
     role: str  # prefill | decode | both
     cores: tuple[int, ...] = ()  # pinned CPU cores, shared out among its tensor-parallel ranks
     tensor_parallel_size: int = 1
-    # a prefill worker whose cores no other worker shares runs at SCHED_IDLE, so the router's
-    # and the decode workers' threads that wake up go to its cores, not a decode step's
+    # at SCHED_IDLE (baton up --prefill-cpu-priority idle): the router's and the decode
+    # workers' threads that wake up go to its cores, not a decode step's
     yields_cpu: bool = False
 
 
@@ -34,12 +34,15 @@ def plan_roles(prefill: int, decode: int, colocated: int) -> list[str]:
 
 
 def plan_workers(roles: list[str], cores: list[int], prefill_tp: int = 1, decode_tp: int = 1,
-                 convertible: bool = False) -> list[WorkerPlan]:
+                 convertible: bool = False, prefill_yields: bool = False) -> list[WorkerPlan]:
     """Each worker takes the next cores, one per rank, round robin: workers share cores only
     when there are more ranks than cores. Colocated workers decode: they take `decode_tp`.
     `convertible` (--autoscale): a worker may be converted to the other pool and regroup onto
     its size in place, so each holds the larger pool's cores from the start (as a pod asks
-    for the larger pool's devices) and its ranks share them out."""
+    for the larger pool's devices) and its ranks share them out. `prefill_yields`: a one-process
+    prefill worker whose cores no other worker shares yields them (SCHED_IDLE); one sharing a
+    core with a busy worker would starve, and a converted one would have to leave SCHED_IDLE,
+    which takes privilege."""
     if prefill_tp < 1 or decode_tp < 1:
         raise ValueError(f"--prefill-tp and --decode-tp must be at least 1, got {prefill_tp} and {decode_tp}")
     plans, next_core = [], 0
@@ -49,7 +52,7 @@ def plan_workers(roles: list[str], cores: list[int], prefill_tp: int = 1, decode
         mine = tuple(cores[(next_core + c) % len(cores)] for c in range(held)) if cores else ()
         next_core += held
         plans.append(WorkerPlan(i, role, mine, tp))
-    if convertible:  # a converted worker would have to leave SCHED_IDLE, which needs privilege
+    if not prefill_yields or convertible:
         return plans
     holders = Counter(core for plan in plans for core in plan.cores)
     return [replace(plan, yields_cpu=True) if plan.role == "prefill" and plan.tensor_parallel_size == 1

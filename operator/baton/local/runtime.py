@@ -24,6 +24,7 @@ from baton.local.process_actor import ServerProcess
 from baton.local.restart import Backoff
 from baton.local.supervisor import Liveness, Supervisor
 from baton.router.threshold import parse_threshold
+from baton.server.cpu_priority import PRIORITIES
 
 WORKER_MODULE = "baton.server.main"
 ROUTER_MODULE = "baton.router.main"
@@ -37,6 +38,7 @@ class StackSpec:
     prefill_tp: int = 1  # tensor-parallel ranks per prefill worker
     decode_tp: int = 1  # and per decode or colocated worker
     convertible: bool = False  # --autoscale: workers may change pools (and regroup in place)
+    prefill_cpu_priority: str = "normal"  # idle: prefill workers on cores of their own at SCHED_IDLE
     chunk_size: int | None = None
     port: int = 8000
     model: str | None = None
@@ -56,6 +58,8 @@ class StackSpec:
         plan_workers(plan_roles(self.prefill, self.decode, self.colocated), [], self.prefill_tp, self.decode_tp)
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ValueError(f"--chunk-size must be 0 (whole prompts) or a number of tokens, got {self.chunk_size}")
+        if self.prefill_cpu_priority not in PRIORITIES:
+            raise ValueError(f"--prefill-cpu-priority must be one of {PRIORITIES}, got {self.prefill_cpu_priority!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be 0 (any free one) to 65535, got {self.port}")
         parse_threshold(self.disagg_threshold)
@@ -169,7 +173,13 @@ class LocalStack:
 
         roles = plan_roles(self.spec.prefill, self.spec.decode, self.spec.colocated)
         plans = plan_workers(roles, sorted(os.sched_getaffinity(0)), self.spec.prefill_tp, self.spec.decode_tp,
-                             convertible=self.spec.convertible)
+                             convertible=self.spec.convertible,
+                             prefill_yields=self.spec.prefill_cpu_priority == "idle")
+        if self.spec.prefill_cpu_priority == "idle":
+            kept = [f"prefill-{p.index}" for p in plans if p.role == "prefill" and not p.yields_cpu]
+            if kept:  # said, not refused: the stack runs as it would without the flag
+                self.say(f"--prefill-cpu-priority idle: not for {', '.join(kept)} (it shares a core with "
+                         "another worker, has ranks in other processes, or may be converted: --autoscale)")
         if self.spec.address:
             ray.init(address=self.spec.address, log_to_driver=False)
         else:

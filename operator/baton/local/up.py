@@ -10,6 +10,7 @@ import threading
 from baton.autoscaler.inputs import PolicyConfig
 from baton.local.runtime import LocalStack, StackSpec
 from baton.local.supervisor import Liveness
+from baton.server.cpu_priority import PRIORITIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-placement", choices=["pack", "spread"], default="pack",
                         help="a tensor-parallel worker's other ranks on its own node (pack) or each "
                         "on a node of its own (spread: needs a cluster of size-many nodes, --address)")
+    parser.add_argument("--prefill-cpu-priority", choices=PRIORITIES, default="normal",
+                        help="idle: each prefill worker whose cores no other worker shares runs at "
+                        "SCHED_IDLE, so the router's and the decode workers' threads that wake up run "
+                        "on its cores instead of preempting a decode step: smoother decoding, slower "
+                        "long prompts where prefill is busy (docs/benchmarks.md); not with --autoscale")
     parser.add_argument("--disagg-threshold", default=None, help="router: tokens or 'auto'")
     parser.add_argument("--autoscale", action="store_true", help="also run the controller (role conversions)")
     group = parser.add_argument_group("autoscaling (with --autoscale)")
@@ -88,6 +94,7 @@ def spec_from_args(args: argparse.Namespace) -> StackSpec:
         extra.append(f"--rank-placement={args.rank_placement}")
     return StackSpec(prefill=args.prefill, decode=args.decode, colocated=args.colocated,
                      prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, convertible=args.autoscale,
+                     prefill_cpu_priority=args.prefill_cpu_priority,
                      chunk_size=args.chunk_size, port=args.port, model=args.model,
                      address=args.address, disagg_threshold=args.disagg_threshold,
                      worker_args=extra + list(args.worker_arg), router_args=list(args.router_arg),
