@@ -1,19 +1,20 @@
 """The CPU scheduling policy of a worker's threads: prefill work may yield to everything else.
 
 Where a prefill worker shares a machine with decode workers and the router (`baton up`: each
-worker pinned to cores of its own, the router and the clients' connections on any core), every
+worker pinned to cores of its own, the router and the clients' connections on any core), a
 thread that wakes up (the router relaying a token, a decode worker's HTTP or KV thread, Ray's
-daemons) lands on whichever core the kernel picks, and half the time preempts a decode step.
-Under SCHED_IDLE the prefill worker's threads run only when nothing else on their cores wants
-to, and the kernel counts a core running only SCHED_IDLE threads as idle when it places a woken
+daemons) lands on whichever core the kernel picks, and may preempt a decode step. Under
+SCHED_IDLE the prefill worker's threads run only when nothing else on their cores wants to,
+and the kernel counts a core running only SCHED_IDLE threads as idle when it places a woken
 thread: the short, latency-bound work goes to the prefill core and the decode cores keep
-decoding. Prefill is throughput work; it pays the few percent those threads take.
+decoding. The prefill worker pays for the CPU those threads take, so where it is busy its
+long prompts wait longer: a trade (docs/benchmarks.md, "Prefill workers at SCHED_IDLE"), off
+unless asked for (`--prefill-cpu-priority idle`).
 
 Only a one-process prefill worker takes it (tensor-parallel ranks in other processes would not),
 and only while it is one: a worker converted to decoding returns to SCHED_OTHER. Leaving
 SCHED_IDLE needs root, CAP_SYS_NICE or an RLIMIT_NICE of 20; without them the worker says so.
 """
-
 from __future__ import annotations
 
 import logging
@@ -73,15 +74,14 @@ def apply_priority(priority: str, tasks: Path = Path("/proc/self/task")) -> str 
     return None
 
 
-def set_worker_priority(name: str, role: str, prefill_priority: str, tensor_parallel_size: int) -> str:
-    """Apply and log the priority for this worker's role; returns the one its threads run at."""
-    priority = priority_for(role, prefill_priority, tensor_parallel_size)
+def set_worker_priority(name: str, role: str, prefill_priority: str, tensor_parallel_size: int) -> None:
+    """Move this worker's threads to the priority for its role, and log it (or why not)."""
     if prefill_priority == "normal":
-        return "normal"  # never changed: nothing to move back
+        return  # never changed: nothing to move back
+    priority = priority_for(role, prefill_priority, tensor_parallel_size)
     problem = apply_priority(priority)
     if problem:
         log.warning("worker %s (%s): CPU priority stays as it was, wanted %s: %s", name, role, priority, problem)
-        return "unchanged"
-    log.info("worker %s (%s): threads at CPU priority %s (%s)", name, role, priority,
-             policy_name(_POLICIES[priority]))
-    return priority
+    else:
+        log.info("worker %s (%s): threads at CPU priority %s (%s)", name, role, priority,
+                 policy_name(_POLICIES[priority]))
