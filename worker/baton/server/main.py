@@ -58,7 +58,7 @@ def add_arguments(parser) -> None:
                         "lets a prompt run in fewer, larger chunks (default: on a colocated worker, "
                         "role both, whose prompts have no other worker, from 1 up to "
                         f"{COLOCATED_BANK_OBJECTIVES:g}, as far as leaves a prompt chunk "
-                        f"{COLOCATED_PROMPT_SHARE:.0%} of a step beside its decodes; "
+                        f"{COLOCATED_PROMPT_SHARE * 100:.0f}%% of a step beside its decodes; "
                         f"{DEFAULT_BANK_OBJECTIVES:g} otherwise)")
     parser.add_argument("--commit-hold", type=float, default=0.5,
                         help="a decode worker waits up to this fraction of a step before starting "
@@ -85,8 +85,9 @@ def add_arguments(parser) -> None:
                         help="while this is a one-process prefill worker, its threads' CPU priority: "
                         "idle (SCHED_IDLE) runs them only when nothing else on their cores wants to, "
                         "so that on a machine shared with decode workers and the router their "
-                        "latency-bound threads go first (baton up sets it where a prefill worker's "
-                        "cores are its own); a worker converted to another role returns to normal")
+                        "latency-bound threads go first, and long prompts wait longer where this "
+                        "worker is busy (baton up --prefill-cpu-priority idle sets it where a prefill "
+                        "worker's cores are its own); a worker converted to another role returns to normal")
     parser.add_argument("--peers", default="", help="comma-separated decode worker URLs to migrate to on drain")
     parser.add_argument("--ticket-ttl", type=float, default=30.0, help="seconds a reservation waits for its KV")
     parser.add_argument("--queue-timeout", type=float, default=30.0,
@@ -111,7 +112,9 @@ def settings_from_args(args) -> WorkerSettings:
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs, threads=args.threads,
         tensor_parallel_size=args.tensor_parallel_size,
-        cpu_cores=list(args.cpu_core), prefill_cpu_priority=args.prefill_cpu_priority, ray_address=args.ray_address, rank_placement=args.rank_placement, peers=[p for p in args.peers.split(",") if p],
+        cpu_cores=list(args.cpu_core), prefill_cpu_priority=args.prefill_cpu_priority,
+        ray_address=args.ray_address, rank_placement=args.rank_placement,
+        peers=[p for p in args.peers.split(",") if p],
         ticket_ttl_s=args.ticket_ttl, insecure_no_token=args.insecure_no_token,
         queue_timeout_s=args.queue_timeout,
     )
