@@ -34,8 +34,9 @@ DOOMED_LAYER_DELAY_S = 0.1  # 30 layers: its transfer spans ~3 s, time to kill i
 @pytest.fixture(scope="session")
 def cluster():
     """prefill (16-token blocks, 16-token chunks, a corruptible layer for `corrupt-` ids),
-    decode over TCP (32-token blocks, SCHED_IDLE when switched to prefill), decode over shared memory (16), a colocated one, and a
-    slow prefill worker that one test kills (all started together: startup dominates)."""
+    decode over TCP (32-token blocks, SCHED_IDLE when switched to prefill), decode over shared
+    memory (16), a colocated one, and a slow prefill worker that one test kills (all started
+    together: startup dominates)."""
     specs = [
         ("prefill", "prefill", ["--block-size", "16", "--chunk-size", "16", "--kv-cache-memory-gb", "0.1"],
          {"BATON_TEST_CORRUPT_LAYER": "5", "BATON_TEST_CORRUPT_PREFIX": "corrupt-"}),
