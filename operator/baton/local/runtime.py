@@ -24,7 +24,7 @@ from baton.local.process_actor import ServerProcess
 from baton.local.restart import Backoff
 from baton.local.supervisor import Liveness, Supervisor
 from baton.router.threshold import parse_threshold
-from baton.server.cpu_priority import PRIORITIES
+from baton.server.cpu_priority import check_priority
 
 WORKER_MODULE = "baton.server.main"
 ROUTER_MODULE = "baton.router.main"
@@ -58,8 +58,7 @@ class StackSpec:
         plan_workers(plan_roles(self.prefill, self.decode, self.colocated), [], self.prefill_tp, self.decode_tp)
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ValueError(f"--chunk-size must be 0 (whole prompts) or a number of tokens, got {self.chunk_size}")
-        if self.prefill_cpu_priority not in PRIORITIES:
-            raise ValueError(f"--prefill-cpu-priority must be one of {PRIORITIES}, got {self.prefill_cpu_priority!r}")
+        check_priority(self.prefill_cpu_priority, "--prefill-cpu-priority")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be 0 (any free one) to 65535, got {self.port}")
         parse_threshold(self.disagg_threshold)

@@ -27,6 +27,12 @@ PRIORITIES = ("normal", "idle")
 _POLICIES = {"normal": getattr(os, "SCHED_OTHER", 0), "idle": getattr(os, "SCHED_IDLE", 5)}
 
 
+def check_priority(priority: str, what: str = "CPU priority") -> None:
+    """Raise ValueError naming `what` unless `priority` is one of PRIORITIES."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"{what} must be one of {PRIORITIES}, got {priority!r}")
+
+
 def priority_for(role: str, prefill_priority: str, tensor_parallel_size: int) -> str:
     """The priority a worker's threads run at in `role`: `prefill_priority` while it is a
     one-process prefill worker, else normal."""
@@ -57,8 +63,7 @@ def apply_priority(priority: str, tasks: Path = Path("/proc/self/task")) -> str 
     """Move every thread of this process to `priority`'s policy (threads started later inherit
     it from the one that starts them). Returns None, or why it could not: then the threads keep
     the policy they had (each move needs the same permission, so the first is the one refused)."""
-    if priority not in _POLICIES:
-        raise ValueError(f"CPU priority must be one of {PRIORITIES}, got {priority!r}")
+    check_priority(priority)
     policy = _POLICIES[priority]
     if not hasattr(os, "sched_setscheduler") or not tasks.is_dir():
         return "this system has no per-thread scheduling policies"

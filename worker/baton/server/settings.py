@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from baton.engine.config import DEFAULT_TPOT_OBJECTIVE_S, ROLES
 from baton.kv.endpoint import is_loopback
-from baton.server.cpu_priority import PRIORITIES
+from baton.server.cpu_priority import check_priority
 
 KV_TRANSPORTS = ("tcp", "shm", "auto")
 
@@ -66,8 +66,7 @@ class WorkerSettings:
                              f"objective), got {self.tpot_bank_objectives!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
-        if self.prefill_cpu_priority not in PRIORITIES:
-            raise ValueError(f"--prefill-cpu-priority must be one of {PRIORITIES}, got {self.prefill_cpu_priority!r}")
+        check_priority(self.prefill_cpu_priority, "--prefill-cpu-priority")
         if self.ticket_ttl_s <= 0:
             raise ValueError("--ticket-ttl must be positive")
         if not self.queue_timeout_s > 0:
