@@ -33,7 +33,10 @@ flags\t\t: fpu sse2 avx2 fma avx512f avx512dq avx512_vnni
 """
 ZEN4 = """processor\t: 0
 vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
 model name\t: AMD EPYC 9R14
+stepping\t: 1
 flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16
 """
 GRAVITON3 = """processor\t: 0
@@ -63,8 +66,11 @@ def test_the_description_names_the_flags_that_decide():
                                  "amx_tile", "amx_bf16", "amx_int8"]
     assert cpu.describe().startswith("Intel(R) Xeon(R) Platinum 8480+ (x86_64; avx2")
     assert "sse2" in cpu.as_record()["flags"] and "sse2" not in cpu.as_record()["notable_flags"]
+    zen4 = parse_cpuinfo(ZEN4, "x86_64")
+    assert zen4.signature == "family 25 model 17 stepping 1" == zen4.as_record()["signature"]
+    assert zen4.describe().startswith("AMD EPYC 9R14 (family 25 model 17 stepping 1, x86_64; avx2")
     bare = parse_cpuinfo("processor\t: 0\n", "x86_64")
-    assert bare.model == "unknown CPU" and "none of avx2" in bare.describe()
+    assert bare.model == "unknown CPU" and "none of avx2" in bare.describe() and bare.signature == ""
 
 
 def test_engine_config_takes_the_cpus_choice_and_says_why():

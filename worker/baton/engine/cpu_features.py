@@ -33,6 +33,9 @@ class CpuInfo:
     architecture: str
     flags: frozenset[str]
     vendor: str = ""  # /proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD), where it says
+    # x86 family, model and stepping: a VM may name every EPYC "AMD EPYC", and these tell a
+    # Zen 4 (family 25) from a Zen 5 (family 26), whose timings differ by tens of percent
+    signature: str = ""
 
     @property
     def notable_flags(self) -> list[str]:
@@ -40,17 +43,19 @@ class CpuInfo:
 
     def describe(self) -> str:
         flags = ", ".join(self.notable_flags) or "none of " + ", ".join(NOTABLE_FLAGS[:3])
-        return f"{self.model} ({self.architecture}; {flags})"
+        signature = f"{self.signature}, " if self.signature else ""
+        return f"{self.model} ({signature}{self.architecture}; {flags})"
 
     def as_record(self) -> dict:
         """For a benchmark's JSON: the model, the flags that matter, and every flag."""
-        return {"model": self.model, "vendor": self.vendor, "architecture": self.architecture,
-                "notable_flags": self.notable_flags, "flags": sorted(self.flags)}
+        return {"model": self.model, "vendor": self.vendor, "signature": self.signature,
+                "architecture": self.architecture, "notable_flags": self.notable_flags, "flags": sorted(self.flags)}
 
 
 def parse_cpuinfo(text: str, architecture: str) -> CpuInfo:
-    """The first processor's model name and feature flags from /proc/cpuinfo's text."""
+    """The first processor's model name, signature and feature flags from /proc/cpuinfo's text."""
     model, flags, vendor = "", frozenset(), ""
+    numbers: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -60,7 +65,11 @@ def parse_cpuinfo(text: str, architecture: str) -> CpuInfo:
             flags = frozenset(value.split())
         elif key == "vendor_id" and not vendor:
             vendor = value.strip()
-    return CpuInfo(model or "unknown CPU", architecture, flags, vendor)
+        elif key in ("cpu family", "model", "stepping") and key not in numbers:
+            numbers[key] = value.strip()
+    signature = " ".join(f"{key.removeprefix('cpu ')} {numbers[key]}"
+                         for key in ("cpu family", "model", "stepping") if key in numbers)
+    return CpuInfo(model or "unknown CPU", architecture, flags, vendor, signature)
 
 
 @functools.cache
