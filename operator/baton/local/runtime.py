@@ -171,10 +171,10 @@ class LocalStack:
         import ray
 
         roles = plan_roles(self.spec.prefill, self.spec.decode, self.spec.colocated)
+        yields = self.spec.prefill_cpu_priority == "idle"
         plans = plan_workers(roles, sorted(os.sched_getaffinity(0)), self.spec.prefill_tp, self.spec.decode_tp,
-                             convertible=self.spec.convertible,
-                             prefill_yields=self.spec.prefill_cpu_priority == "idle")
-        if self.spec.prefill_cpu_priority == "idle":
+                             convertible=self.spec.convertible, prefill_yields=yields)
+        if yields:
             kept = [f"prefill-{p.index}" for p in plans if p.role == "prefill" and not p.yields_cpu]
             if kept:  # said, not refused: the stack runs as it would without the flag
                 self.say(f"--prefill-cpu-priority idle: not for {', '.join(kept)} (it shares a core with "

@@ -25,6 +25,7 @@ from pathlib import Path
 NOTABLE_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
                  "amx_tile", "amx_bf16", "amx_int8")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+SIGNATURE_KEYS = ("cpu family", "model", "stepping")  # /proc/cpuinfo's x86 keys, in this order
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,9 @@ def parse_cpuinfo(text: str, architecture: str) -> CpuInfo:
             flags = frozenset(value.split())
         elif key == "vendor_id" and not vendor:
             vendor = value.strip()
-        elif key in ("cpu family", "model", "stepping") and key not in numbers:
+        elif key in SIGNATURE_KEYS and key not in numbers:
             numbers[key] = value.strip()
-    signature = " ".join(f"{key.removeprefix('cpu ')} {numbers[key]}"
-                         for key in ("cpu family", "model", "stepping") if key in numbers)
+    signature = " ".join(f"{key.removeprefix('cpu ')} {numbers[key]}" for key in SIGNATURE_KEYS if key in numbers)
     return CpuInfo(model or "unknown CPU", architecture, flags, vendor, signature)
 
 

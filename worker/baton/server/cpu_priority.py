@@ -15,6 +15,7 @@ Only a one-process prefill worker takes it (tensor-parallel ranks in other proce
 and only while it is one: a worker converted to decoding returns to SCHED_OTHER. Leaving
 SCHED_IDLE needs root, CAP_SYS_NICE or an RLIMIT_NICE of 20; without them the worker says so.
 """
+
 from __future__ import annotations
 
 import logging
