@@ -111,6 +111,22 @@ def test_best_fixed_split_never_empties_a_pool():
         sizing.best_fixed_split(_load(), 1)
 
 
+def test_an_overloaded_prefill_pool_keeps_its_workers():
+    """Long prompts that overload even two prefill workers (a 2-core machine's measured
+    supply): taking one away to decode would double the overload, so 2P1D stays the best."""
+    load = sizing.FleetLoad(arrival_rate=0.2, input_len=1241, output_len=5.3, hit_rate=0.0,
+                            prefill_supply=115, step_intercept_s=0.038, step_per_seq_s=0.0007,
+                            kv_capacity_tokens=8192, exposed_transfer_s=0.003, ttft_slo_s=1.0,
+                            tpot_slo_s=0.05)
+    two, one = sizing.assess_split(load, 2, 1), sizing.assess_split(load, 1, 2)
+    assert 1.0 < two.prefill_utilisation < one.prefill_utilisation
+    assert math.isinf(two.ttft_s) and not two.meets_slo
+    assert math.isfinite(two.decode_utilisation)  # judged at the TTFT objective, not at infinity
+    assert two.headroom > one.headroom
+    best = sizing.best_fixed_split(load, 3)
+    assert (best.prefill_workers, best.decode_workers) == (2, 1)
+
+
 def test_elastic_sizes_respect_bounds():
     x, y = sizing.elastic_pool_sizes(_load(), 0.8, 0.8, (1, 100), (1, 100))
     assert x == sizing.prefill_pool_size(20, 2000, 0.3, 20_000, 0.8)

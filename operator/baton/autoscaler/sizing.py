@@ -284,11 +284,15 @@ class _SplitModel:
         load = self.load
         rho_p = self.demand / (x * load.prefill_supply) if x > 0 else math.inf
         ttft = predicted_ttft(self.service, rho_p, load.exposed_transfer_s) if x > 0 else math.inf
-        if y <= 0 or not math.isfinite(ttft):
+        # An overloaded prefill pool (infinite TTFT) is fixed by x, not by more decode: size the
+        # decode side at the TTFT objective, or every split ties at infinite decode load and
+        # the tie (fewest prefill workers) would take a prefill worker from the overloaded pool.
+        decode_ttft = ttft if math.isfinite(ttft) else load.ttft_slo_s
+        if y <= 0 or x <= 0:
             concurrency, tpot = math.inf, math.inf
         else:
             drain = 1.0 - self.per_seq_load / y
-            concurrency = self.lam * (ttft + self.intercept_time) / drain if drain > 0 else math.inf
+            concurrency = self.lam * (decode_ttft + self.intercept_time) / drain if drain > 0 else math.inf
             tpot = load.step_intercept_s + load.step_per_seq_s * concurrency / y
         rho_d = concurrency / (y * self.cap) if y > 0 and self.cap > 0 else math.inf
         return rho_p, rho_d, ttft, tpot, concurrency
