@@ -84,6 +84,23 @@ def test_summary_computes_the_fleet_inputs():
     assert snap.waiting == {"prefill": 2.0, "decode": None}
 
 
+def test_lengths_come_from_the_finished_requests_where_workers_count_them():
+    """A window as the long prompts give way to short ones: prompt tokens still being looked up
+    and outputs still being generated, over the few requests that finished, would read
+    prompts and outputs longer than any sent; the finished requests' own lengths cannot."""
+    shifting = [
+        _series("p", "prefill", prompt_tokens=600.0, prefill_busy=1.0, prefix_queries=600.0, prefix_hits=0.0),
+        _series("d", "decode", requests=0.2, generation_tokens=85.0, finished_prompt_tokens=130.0,
+                finished_generation_tokens=12.0),
+    ]
+    snap = summarise(shifting)
+    assert snap.input_len == pytest.approx(650.0) and snap.output_len == pytest.approx(60.0)
+    # workers that do not count them: the window's ratios
+    older = summarise([_series("p", "prefill", prefix_queries=600.0),
+                       _series("d", "decode", requests=0.2, generation_tokens=85.0)])
+    assert older.input_len == pytest.approx(3000.0) and older.output_len == pytest.approx(425.0)
+
+
 def test_unknown_and_nan_are_none_never_zero():
     snap = summarise([
         _series("p", "prefill", prompt_tokens=0.0, prefill_busy=0.0, prefix_queries=math.nan),

@@ -27,6 +27,9 @@ def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, dec
     """8 prompts: prefill (16-token blocks, chunked) → decode (32 over TCP, 16 over shm)."""
     prefill, decode = cluster["prefill"], cluster[decoder]
     sent_before = prefill.metric("baton_kv_transfer_bytes_total")
+    lengths = ("baton_request_prompt_tokens_sum", "baton_request_prompt_tokens_count",
+               "baton_request_generation_tokens_sum")
+    lengths_before = {name: (decode.metric(name), prefill.metric(name)) for name in lengths}
     results = run_all([handoff(prefill, decode, ids, GREEDY) for ids in prompt_ids])
     for ids, expected, r in zip(prompt_ids, reference, results):
         assert r["prefill"].status_code == 200, r["prefill"].text
@@ -46,6 +49,12 @@ def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, dec
     assert prefill.metric("baton_kv_transfer_bytes_total") - sent_before == moved
     assert decode.metric("baton_kv_exposed_transfer_seconds_count") == 0  # measured on the prefill side
     assert prefill.metric("baton_kv_exposed_transfer_seconds_count") >= len(prompt_ids)
+    # each request's lengths counted once, where it finished: on the decode worker
+    gained = {name: decode.metric(name) - before[0] for name, before in lengths_before.items()}
+    assert gained == {"baton_request_prompt_tokens_sum": sum(len(ids) for ids in prompt_ids),
+                      "baton_request_prompt_tokens_count": len(prompt_ids),
+                      "baton_request_generation_tokens_sum": sum(len(tokens) for tokens in reference)}
+    assert all(prefill.metric(name) == before[1] for name, before in lengths_before.items())
 
 
 def test_corrupted_layer_is_resent_and_output_identical(cluster, prompt_ids, reference):
@@ -156,7 +165,8 @@ def test_metrics_follow_the_contract(cluster):
                  "baton_kv_transfer_bytes_total", "baton_kv_transfer_seconds_bucket",
                  "baton_kv_exposed_transfer_seconds_bucket", "baton_prefill_busy_seconds_total",
                  "baton_commit_hold_seconds_total", "baton_step_seconds_bucket", "baton_step_prompt_tokens_bucket",
-                 "baton_step_off_cpu_seconds_bucket",
+                 "baton_step_off_cpu_seconds_bucket", "baton_request_prompt_tokens_bucket",
+                 "baton_request_generation_tokens_bucket",
                  "baton_worker_role", "baton_role_conversions_total", "baton_migrations_total"]:
         assert f"{name}{{" in text or f"{name} " in text, name
     assert 'baton_worker_role{role="decode"} 1.0' in text

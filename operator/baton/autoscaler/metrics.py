@@ -11,8 +11,11 @@ Assumptions about the worker metrics (docs/contracts.md), stated once here:
 - `baton_prompt_tokens_total` counts prompt tokens actually computed (prefix-cache hits
   excluded) and `baton_prefill_busy_seconds_total` the time of steps that prefilled, so
   their ratio is a worker's prefill supply in uncached tokens per busy second;
+- a finishing worker counts each finished request's prompt and generated tokens
+  (`baton_request_prompt_tokens`, `baton_request_generation_tokens`), so their sums over
+  the E2E count are the mean lengths;
 - each prompt is looked up in the prefix cache once, on the worker that prefills it, so
-  prefix-cache queries per request are the mean input length.
+  prefix-cache queries per request stand in for the mean input length where those are missing.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ COUNTERS = {
     "baton_e2e_request_latency_seconds_count": "requests",
     "baton_prompt_tokens_total": "prompt_tokens",
     "baton_generation_tokens_total": "generation_tokens",
+    "baton_request_prompt_tokens_sum": "finished_prompt_tokens",
+    "baton_request_generation_tokens_sum": "finished_generation_tokens",
     "baton_prefix_cache_queries_total": "prefix_queries",
     "baton_prefix_cache_hits_total": "prefix_hits",
     "baton_prefill_busy_seconds_total": "prefill_busy",
@@ -64,6 +69,8 @@ class SeriesRates:
     requests: float | None = None  # finished requests/s (E2E histogram count)
     prompt_tokens: float | None = None  # computed prompt tokens/s
     generation_tokens: float | None = None
+    finished_prompt_tokens: float | None = None  # prompt tokens/s of the requests that finished
+    finished_generation_tokens: float | None = None  # their generated tokens/s
     prefix_queries: float | None = None  # prompt tokens looked up per s
     prefix_hits: float | None = None
     prefill_busy: float | None = None  # busy seconds per second
@@ -131,6 +138,19 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return num / den
 
 
+def _first_known(*values: float | None) -> float | None:
+    """The first value that was measured.
+
+    The mean lengths come from the finished requests themselves where workers count them
+    (a request's lengths counted with its finish, as the arrival rate is). Prompt tokens
+    looked up and tokens generated in the window, over the requests finished in it, agree in
+    a steady state but not while the traffic's shape changes: a window in which long
+    prompts are still prefilled and few requests finish read 2,900-token prompts of a
+    1,200-token load. Workers without those histograms still give the window ratios.
+    """
+    return next((v for v in values if v is not None), None)
+
+
 def _total(series: list[SeriesRates], name: str) -> float | None:
     """Sum of a field over series; None if no series measured it."""
     values = [v for s in series if (v := known(getattr(s, name))) is not None]
@@ -184,8 +204,9 @@ def summarise(series: list[SeriesRates]) -> FleetSnapshot:
     pools = {role: sum(1 for r in workers.values() if r == role) for role in ROLES}
     return FleetSnapshot(
         arrival_rate=known(arrival),
-        input_len=ratio(queries, arrival),
-        output_len=ratio(_total(series, "generation_tokens"), arrival),
+        input_len=_first_known(ratio(_total(finishing, "finished_prompt_tokens"), arrival), ratio(queries, arrival)),
+        output_len=_first_known(ratio(_total(finishing, "finished_generation_tokens"), arrival),
+                                ratio(_total(series, "generation_tokens"), arrival)),
         hit_rate=ratio(_total(series, "prefix_hits"), queries),
         prefill_supply=supply,
         exposed_transfer_s=ratio(_total(series, "exposed_sum"), _total(series, "exposed_count")),

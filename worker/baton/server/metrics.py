@@ -22,6 +22,8 @@ STEP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05,
 STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # a few ms lost to a neighbour, up to a throttled CPU quota's 100 ms period
 OFF_CPU_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+# tokens one finished request held: prompt lengths up to the longest contexts, outputs alike
+REQUEST_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -33,6 +35,13 @@ class WorkerMetrics:
         self.ttft = Histogram("baton_time_to_first_token_seconds", "TTFT", L, registry=r, buckets=LATENCY_BUCKETS)
         self.itl = Histogram("baton_inter_token_latency_seconds", "gap between tokens of one stream", L, registry=r, buckets=LATENCY_BUCKETS)
         self.e2e = Histogram("baton_e2e_request_latency_seconds", "arrival to last token", L, registry=r, buckets=LATENCY_BUCKETS)
+        # counted where a request finishes, with its e2e latency: the mean lengths of the same
+        # requests the e2e count counts, even while the traffic's shape changes
+        self.request_prompt_tokens = Histogram("baton_request_prompt_tokens", "prompt tokens of a finished request",
+                                               L, registry=r, buckets=REQUEST_TOKEN_BUCKETS)
+        self.request_generation_tokens = Histogram("baton_request_generation_tokens",
+                                                   "tokens generated for a finished request", L, registry=r,
+                                                   buckets=REQUEST_TOKEN_BUCKETS)
         self.running = Gauge("baton_num_requests_running", "sequences in the running batch", L, registry=r)
         self.waiting = Gauge("baton_num_requests_waiting", "sequences waiting", L, registry=r)
         self.kv_usage = Gauge("baton_kv_cache_usage_ratio", "used KV blocks / all KV blocks", L, registry=r)
@@ -63,7 +72,8 @@ class WorkerMetrics:
     def set_role(self, role: str) -> None:
         self.role = role
         # create every series of the new role now, so dashboards see zeros, not gaps
-        for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage, self.kv_capacity,
+        for metric in (self.ttft, self.itl, self.e2e, self.request_prompt_tokens, self.request_generation_tokens,
+                       self.running, self.waiting, self.kv_usage, self.kv_capacity,
                        self.prefix_queries, self.prefix_hits, self.prompt_tokens,
                        self.generation_tokens, self.kv_bytes, self.kv_seconds, self.kv_exposed,
                        self.prefill_busy, self.commit_hold, self.conversions):
@@ -99,6 +109,8 @@ class WorkerMetrics:
                 self._last_token_at.pop(rid, None)
                 if out.finish_reason not in ("prefill", "abort"):
                     self.e2e.labels(role=role).observe(max(0.0, now - out.arrival_time))
+                    self.request_prompt_tokens.labels(role=role).observe(out.num_prompt_tokens)
+                    self.request_generation_tokens.labels(role=role).observe(len(out.token_ids))
 
     def sync_engine(self, engine, held_s: float = 0.0) -> None:
         """Add what the engine's cumulative counters gained since the last call (`held_s`:
