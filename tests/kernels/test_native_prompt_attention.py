@@ -172,7 +172,10 @@ AMD, INTEL = "AuthenticAMD", "GenuineIntel"
     (INTEL, {"avx512f", "avx512_bf16"}, torch.bfloat16, None, "", False, False),  # torch's bf16: not measured against
     (INTEL, {"avx512f"}, torch.float32, None, "1", True, False),  # asked for
     ("", {"avx512f"}, torch.float32, None, "", False, False),  # an unknown vendor
-    (AMD, {"avx2"}, torch.float32, "no AVX-512, or a shape it does not take", "", False, False),
+    (AMD, {"avx2"}, torch.float32, "a shape it does not take", "", False, False),
+    # the portable form: the native step's short chunks only (prompt_steps.TORCH_ATTENTION_WORK)
+    (AMD, {"avx2", "fma"}, torch.float32, None, "", False, False),
+    (AMD, {"avx2", "fma"}, torch.float32, None, "1", True, False),
     (AMD, {"avx512f"}, torch.float32, None, "0", False, True),
 ])
 def test_the_engine_chooses_it_where_it_was_measured_the_faster(vendor, flags, dtype, unsupported, setting,

@@ -13,7 +13,7 @@
  *     and probabilities rounded to bf16, as torch's bf16 attention rounds them);
  *   - AMX tiles (prompt_attention_tiles.h), for bf16 products where the CPU has them and the
  *     OS grants them: the same roundings, each row's sums in the tiles' order.
- * Sums in float32 either way.
+ * Sums in float32 either way. Without AVX-512, a portable form in C (float32 products).
  * Included by decode_step.c (after exp_in_place and quant_product.h's AMX helpers).
  */
 #define PROMPT_TASK_ROWS 64 /* query rows a task holds: (chunk rows) x (query heads of one KV head) */
@@ -278,21 +278,95 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
 
 int baton_step_takes_prompts(void) { return 1; }
 #else
+#include <stdlib.h>
+
+/* Without AVX-512: the same attention in portable C, float32 products only (a key or value
+ * in bf16 widened exactly), each row's scores, softmax and value sums in turn. Slower per
+ * key than the lanes above, but the native step's prompt chunks are a few tokens over a
+ * short context: running them here keeps a step with prompt tokens on the native step
+ * (without it such a step took torch's path, ~45 ms more on a Zen 3 core). Where torch's
+ * attention is the faster for a step's chunks, native/prompt_attention.py's `choose` says so
+ * and the step takes torch's path. Sums in float32. */
+static inline float prompt_value(const void *base, int bf16, int64_t at) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
+}
+
+/* Row i (position ctx - n + i), query head h: out = softmax(q k^T * scale) v over keys
+ * 0..position. `scores`: ctx floats. */
+static void prompt_attend_row_portable(const float *q, const void *k, const void *v, int kv_bf16,
+                                       const int32_t *table, int block_size, int64_t seen, int kvh,
+                                       int num_kv_heads, int dim, float scale, float *scores, float *out) {
+    float high = -INFINITY, total = 0.0f;
+    for (int64_t j = 0; j < seen; j++) {
+        const int64_t at = ((table ? cache_slot(table, block_size, j) : j) * num_kv_heads + kvh) * dim;
+        float dot = 0.0f;
+        if (kv_bf16) {
+            for (int d = 0; d < dim; d++) dot += q[d] * prompt_value(k, 1, at + d);
+        } else {
+            const float *key = (const float *)k + at;
+#pragma omp simd reduction(+ : dot)
+            for (int d = 0; d < dim; d++) dot += q[d] * key[d];
+        }
+        scores[j] = dot * scale;
+        high = scores[j] > high ? scores[j] : high;
+    }
+    for (int d = 0; d < dim; d++) out[d] = 0.0f;
+    for (int64_t j = 0; j < seen; j++) {
+        const float p = expf(scores[j] - high);
+        const int64_t at = ((table ? cache_slot(table, block_size, j) : j) * num_kv_heads + kvh) * dim;
+        total += p;
+        if (kv_bf16) {
+            for (int d = 0; d < dim; d++) out[d] += p * prompt_value(v, 1, at + d);
+        } else {
+            const float *value = (const float *)v + at;
+#pragma omp simd
+            for (int d = 0; d < dim; d++) out[d] += p * value[d];
+        }
+    }
+    for (int d = 0; d < dim; d++) out[d] /= total;
+}
+
+/* prompt_attention_run's contract on the portable kernel: 0, -1 for a shape or product it
+ * does not take (bf16 products), -2 out of memory. */
+static int prompt_attention_portable(const float *q, int64_t q_stride, const void *k, const void *v, int kv_bf16,
+                                     const int32_t *table, int block_size, int n, int ctx, int num_heads,
+                                     int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
+    if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
+        num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx || bf16_products != PROMPT_FLOAT32)
+        return -1; /* the AVX-512 form's shapes, so a model runs natively on both or neither */
+    const int group = num_heads / num_kv_heads;
+    int failed = 0;
+#pragma omp parallel if ((int64_t)n * ctx * num_heads > 65536)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)ctx);
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < num_heads; h++)
+                if (scores)
+                    prompt_attend_row_portable(q + (int64_t)i * q_stride + (int64_t)h * dim, k, v, kv_bf16, table,
+                                               block_size, (int64_t)ctx - n + i + 1, h / group, num_kv_heads, dim,
+                                               scale, scores, out + ((int64_t)i * num_heads + h) * dim);
+        free(scores);
+    }
+    return failed ? -2 : 0;
+}
+
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
                            int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
-    (void)q, (void)k, (void)v, (void)kv_bf16, (void)n, (void)ctx, (void)num_heads, (void)num_kv_heads, (void)dim;
-    (void)scale, (void)out, (void)bf16_products;
-    return -1;
+    return prompt_attention_portable(q, (int64_t)num_heads * dim, k, v, kv_bf16, NULL, 0, n, ctx, num_heads,
+                                     num_kv_heads, dim, scale, out, bf16_products);
 }
 
 static int prompt_attention_paged(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                                   int kv_bf16, const int32_t *table, int block_size, int n, int ctx, int num_heads,
                                   int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
-    (void)q, (void)q_stride, (void)k_cache, (void)v_cache, (void)kv_bf16, (void)table, (void)block_size, (void)n;
-    (void)ctx, (void)num_heads, (void)num_kv_heads, (void)dim, (void)scale, (void)out, (void)bf16_products;
-    return -1;
+    return prompt_attention_portable(q, q_stride, k_cache, v_cache, kv_bf16, table, block_size, n, ctx, num_heads,
+                                     num_kv_heads, dim, scale, out, bf16_products);
 }
 
-/* without AVX-512 the step has no prompt attention: steps with prompt tokens take torch's path */
-int baton_step_takes_prompts(void) { return 0; }
+int baton_step_takes_prompts(void) { return 1; }
 #endif

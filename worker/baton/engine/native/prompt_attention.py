@@ -23,7 +23,7 @@ def supported(lib: ctypes.CDLL | None, num_heads: int, num_kv_heads: int, head_d
     q = torch.zeros(1, num_heads, head_dim)
     kv = torch.zeros(1, num_kv_heads, head_dim, dtype=kv_dtype)
     if attend(lib, q, kv, kv, 1.0) is None:
-        return (f"no AVX-512, or a shape it does not take ({num_heads} query heads, {num_kv_heads} KV heads, "
+        return (f"a shape it does not take ({num_heads} query heads, {num_kv_heads} KV heads, "
                 f"head size {head_dim})")
     return None
 
@@ -111,6 +111,9 @@ def choose(cpu: CpuInfo, torch_dtype: torch.dtype, unsupported: str | None, sett
         return False, unsupported
     if setting == "1":
         return True, "BATON_NATIVE_PROMPT_ATTENTION=1"
+    if "avx512f" not in cpu.flags:
+        return False, ("no AVX-512: the kernel's portable form, for the native step's short chunks; "
+                       "torch's attention for long ones")
     if cpu.vendor == "GenuineIntel" or "amx_bf16" in cpu.flags:
         if torch_dtype == torch.bfloat16 and tiles:
             return True, "bf16 products on AMX tiles, faster than torch's bf16 attention on a Xeon with them"
