@@ -287,23 +287,23 @@ int baton_step_takes_prompts(void) { return 1; }
  * (without it such a step took torch's path, ~45 ms more on a Zen 3 core). Where torch's
  * attention is the faster for a step's chunks, native/prompt_attention.py's `choose` says so
  * and the step takes torch's path. Sums in float32. */
-static inline float prompt_value(const void *base, int bf16, int64_t at) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
-}
 
 /* Row i (position ctx - n + i), query head h: out = softmax(q k^T * scale) v over keys
- * 0..position. `scores`: ctx floats. */
+ * 0..position. `scores`: ctx floats; `at`: ctx offsets, each key's row in k and v (found
+ * once, for both passes). */
 static void prompt_attend_row_portable(const float *q, const void *k, const void *v, int kv_bf16,
                                        const int32_t *table, int block_size, int64_t seen, int kvh,
-                                       int num_kv_heads, int dim, float scale, float *scores, float *out) {
+                                       int num_kv_heads, int dim, float scale, float *scores, int64_t *at,
+                                       float *out) {
     float high = -INFINITY, total = 0.0f;
     for (int64_t j = 0; j < seen; j++) {
-        const int64_t at = ((table ? cache_slot(table, block_size, j) : j) * num_kv_heads + kvh) * dim;
+        at[j] = ((table ? cache_slot(table, block_size, j) : j) * num_kv_heads + kvh) * dim;
         float dot = 0.0f;
         if (kv_bf16) {
-            for (int d = 0; d < dim; d++) dot += q[d] * prompt_value(k, 1, at + d);
+            const uint16_t *key = (const uint16_t *)k + at[j];
+            for (int d = 0; d < dim; d++) dot += q[d] * bf16_to_f32(key[d]);
         } else {
-            const float *key = (const float *)k + at;
+            const float *key = (const float *)k + at[j];
 #pragma omp simd reduction(+ : dot)
             for (int d = 0; d < dim; d++) dot += q[d] * key[d];
         }
@@ -313,12 +313,12 @@ static void prompt_attend_row_portable(const float *q, const void *k, const void
     for (int d = 0; d < dim; d++) out[d] = 0.0f;
     for (int64_t j = 0; j < seen; j++) {
         const float p = expf(scores[j] - high);
-        const int64_t at = ((table ? cache_slot(table, block_size, j) : j) * num_kv_heads + kvh) * dim;
         total += p;
         if (kv_bf16) {
-            for (int d = 0; d < dim; d++) out[d] += p * prompt_value(v, 1, at + d);
+            const uint16_t *value = (const uint16_t *)v + at[j];
+            for (int d = 0; d < dim; d++) out[d] += p * bf16_to_f32(value[d]);
         } else {
-            const float *value = (const float *)v + at;
+            const float *value = (const float *)v + at[j];
 #pragma omp simd
             for (int d = 0; d < dim; d++) out[d] += p * value[d];
         }
@@ -339,18 +339,20 @@ static int prompt_attention_portable(const float *q, int64_t q_stride, const voi
 #pragma omp parallel if ((int64_t)n * ctx * num_heads > 65536)
     {
         float *scores = malloc(sizeof(float) * (size_t)ctx);
-        if (!scores) {
+        int64_t *at = malloc(sizeof(int64_t) * (size_t)ctx);
+        if (!scores || !at) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for collapse(2) schedule(dynamic)
         for (int i = 0; i < n; i++)
             for (int h = 0; h < num_heads; h++)
-                if (scores)
+                if (scores && at)
                     prompt_attend_row_portable(q + (int64_t)i * q_stride + (int64_t)h * dim, k, v, kv_bf16, table,
                                                block_size, (int64_t)ctx - n + i + 1, h / group, num_kv_heads, dim,
-                                               scale, scores, out + ((int64_t)i * num_heads + h) * dim);
+                                               scale, scores, at, out + ((int64_t)i * num_heads + h) * dim);
         free(scores);
+        free(at);
     }
     return failed ? -2 : 0;
 }
