@@ -43,7 +43,10 @@ def engine_here(lib, name: str) -> str:
     """`name` where this library and OS run it, else the test is skipped naming why."""
     if name not in native_quant.panel_engines(lib):
         flags = this_cpu().flags
-        if name == "amx":
+        if name == "avx2_int8":
+            why = ("its library multiplies int8 with AVX512-VNNI instead" if "avx512_vnni" in flags
+                   else "this CPU has no AVX2, FMA and F16C")
+        elif name == "amx":
             why = "the OS refused AMX state" if {"amx_tile", "amx_bf16"} <= flags else "this CPU has no AMX (amx_bf16)"
         else:
             flag = name.removeprefix("avx512_")

@@ -10,6 +10,7 @@ from baton.engine.cpu_features import auto_cpu_dtype, parse_cpuinfo, this_cpu
 from baton.engine.quant.placement import (
     DENSE_MIN_ROWS,
     ENGINE_NAMES,
+    INT8_PANEL_ENGINES,
     PANEL_MIN_ROWS,
     dense_products,
     prompt_dtype,
@@ -38,6 +39,13 @@ model\t\t: 17
 model name\t: AMD EPYC 9R14
 stepping\t: 1
 flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16
+"""
+ZEN3 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx f16c avx2 fma
 """
 GRAVITON3 = """processor\t: 0
 BogoMIPS\t: 2100.00
@@ -164,6 +172,9 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
     (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "int8", "avx512_vnni"),
     (CASCADE_LAKE, ["avx512_vnni"], torch.float32, "float32", "int8", "avx512_vnni"),  # asked: whatever the dtype
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "float32", "auto", ""),  # float32 asked: none
+    (ZEN3, ["avx2_int8"], torch.float32, "auto", "auto", "avx2_int8"),  # AVX2 only: its int8 engine
+    (ZEN3, ["avx2_int8"], torch.float32, "float32", "auto", ""),
+    (ZEN3, ["avx2_int8"], torch.float32, "float32", "int8", "avx2_int8"),
 ])
 def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside_them(text, engines, dtype, asked,
                                                                                        products, engine):
@@ -172,14 +183,14 @@ def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside
     assert chosen.engine == engine
     if engine:
         assert chosen.min_rows == PANEL_MIN_ROWS[engine] and ENGINE_NAMES[engine] in why
-        assert ("int8" if engine == "avx512_vnni" else "bfloat16") in why
+        assert ("int8" if engine in INT8_PANEL_ENGINES else "bfloat16") in why
         assert PANEL_MIN_ROWS[engine] < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
     else:
         assert chosen.dtype == torch.float32 and chosen.min_rows == DENSE_MIN_ROWS[torch.float32]
 
 
 @pytest.mark.parametrize("engines, products, message", [
-    (["avx512_bf16"], "int8", r"needs AVX512-VNNI \(avx512_vnni\).*panel engines are \['avx512_bf16'\]"),
+    (["avx512_bf16"], "int8", r"needs AVX512-VNNI \(avx512_vnni\) or AVX2.*panel engines are \['avx512_bf16'\]"),
     ([], "int8", "panel engines are none"),
     (["avx512_vnni"], "bf16", r"bf16 needs AVX512-BF16 or AMX.*panel engines are \['avx512_vnni'\]"),
     (["avx512_bf16", "avx512_vnni"], "int4", r"prompt products \(--prompt-products\) are one of auto, int8, bf16, not 'int4'"),

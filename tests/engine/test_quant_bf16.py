@@ -25,9 +25,9 @@ def engine(request, lib):
     return engine_here(lib, request.param)
 
 
-@pytest.fixture(params=["avx512_bf16", "amx", "avx512_vnni"])
+@pytest.fixture(params=["avx512_bf16", "amx", "avx512_vnni", "avx2_int8"])
 def any_engine(request, lib):
-    """Every panel engine, the int8 one (quant_int8.h, test_quant_int8.py) included."""
+    """Every panel engine, the int8 ones (quant_int8.h, test_quant_int8.py) included."""
     return engine_here(lib, request.param)
 
 
@@ -113,7 +113,8 @@ def test_a_library_built_without_bf16_instructions_says_so_and_refuses():
         pytest.skip("needs a CPU that runs -march=x86-64-v4 code")
     flags = ["-march=x86-64-v4" if flag == "-march=native" else flag for flag in build.FLAGS]
     lib = build.open_library(build.build_library(build.cache_dir(), flags))
-    assert native_quant.panel_engines(lib) == []  # x86-64-v4 has neither AVX512-BF16 nor AVX512-VNNI
+    # x86-64-v4 has neither AVX512-BF16 nor AVX512-VNNI: its int8 products are AVX2's
+    assert native_quant.panel_engines(lib) == ["avx2_int8"]
     w = native_weight(lib, [("Q4_0", random_rows(FORMATS["Q4_0"], 16, 64, seed=9))])
     for engine in ("", "amx", "avx512_bf16", "avx512_vnni"):
         with pytest.raises(RuntimeError, match=f"{engine or 'every bf16 engine'} unavailable here"):

@@ -161,3 +161,24 @@ def test_many_rows_run_as_dequantized_tiles_through_the_dense_gemm(lib, monkeypa
     assert (got - expected).abs().max() <= tolerance * expected.abs().max()
     w.linear(x[:5])
     assert len(calls) == 1  # five rows: below min_rows, the int16 kernels
+
+
+# -march level -> the panel engines its library holds: AVX2's int8 products wherever AVX2 is
+# and AVX512-VNNI is not (x86-64-v4 has AVX-512 without VNNI)
+PANEL_ENGINES = {"x86-64": [], "x86-64-v3": ["avx2_int8"], "x86-64-v4": ["avx2_int8"]}
+
+
+@pytest.mark.parametrize("march", list(VARIANTS))
+def test_each_portable_build_holds_the_int8_products_its_instructions_allow(march):
+    lib = _variant(march)
+    assert native_quant.panel_engines(lib) == PANEL_ENGINES[march]
+    raw = random_rows(FORMATS["Q4_1"], 16, 64, seed=2)
+    w = _weight(lib, [("Q4_1", raw)])
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32))
+    if not PANEL_ENGINES[march]:
+        with pytest.raises(RuntimeError, match="avx2_int8 unavailable here"):
+            native_quant.product_panels(lib, w.native_matrix, x, 16, "avx2_int8")
+        return
+    got = native_quant.product_panels(lib, w.native_matrix, x, 16, "avx2_int8").double().numpy()
+    exact = x.double().numpy() @ dequantize(FORMATS["Q4_1"], raw).astype(np.float64).T
+    assert 0 < np.linalg.norm(got - exact) / np.linalg.norm(exact) < 1e-2  # int8 inputs' rounding, no more

@@ -19,6 +19,7 @@ from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import FORMATS, UnsupportedQuantization
 from baton.engine.quant.placement import (
     ENGINE_NAMES,
+    INT8_PANEL_ENGINES,
     PANEL_MIN_ROWS,
     PANEL_ROW_TILE,
     dense_products,
@@ -242,16 +243,17 @@ def test_without_the_native_library_tiles_are_dequantized_with_torch(monkeypatch
 
 def test_int8_prompt_products_when_asked_run_natively_and_stay_near_float32(small_files, small_reference, lib, caplog):
     """prompt_products="int8" (`auto`'s choice where no AMX tiles are): prompt chunks'
-    products on int8 inputs (AVX512-VNNI) in the native step, said in the log; a little
-    less accurate than bf16's, still near float32."""
-    engine_here(lib, "avx512_vnni")
+    products on int8 inputs (AVX512-VNNI, else AVX2) in the native step, said in the log; a
+    little less accurate than bf16's, still near float32."""
+    int8 = [e for e in native_quant.panel_engines(lib) if e in INT8_PANEL_ENGINES]
+    name = engine_here(lib, int8[0] if int8 else "avx2_int8")
     with caplog.at_level(logging.INFO, logger="baton.engine.quant.placement"):
         engine = make_engine(model=small_files["mixed"], quantization="auto", dtype="auto", num_kv_blocks=64,
                              prompt_products="int8")
-    assert "int8 on AVX512-VNNI" in engine.runner.quantization and "--prompt-products int8" in caplog.text
+    assert f"int8 on {ENGINE_NAMES[name]}" in engine.runner.quantization and "--prompt-products int8" in caplog.text
     steps = engine.runner.native.prompts
-    assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS["avx512_vnni"] and steps.quant_min_rows == PANEL_MIN_ROWS["avx512_vnni"]
-    assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE["avx512_vnni"], PANEL_MIN_ROWS["avx512_vnni"])
+    assert steps.quant_engine == native_quant.PANEL_ENGINE_IDS[name] and steps.quant_min_rows == PANEL_MIN_ROWS[name]
+    assert engine.runner.row_tiles == RowTiles(PANEL_ROW_TILE[name], PANEL_MIN_ROWS[name])
     ids = small_reference.tokenizer.encode(HELD_OUT)[:300]
     got, reference = prompt_logits(engine, ids), prompt_logits(small_reference, ids)
     agree = (reference.argmax(-1) == got.argmax(-1)).float().mean().item()

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "as they are, none dequantizes them to --dtype")
     parser.add_argument("--prompt-products", choices=["auto", "int8", "bf16"], default=None,
                         help="on CPU, what workers' many-row products on quantized weights run on: auto "
-                        "(the default) = AMX tiles where the CPU has them, else int8 on AVX512-VNNI, else "
+                        "(the default) = AMX tiles where the CPU has them, else int8 on AVX512-VNNI or AVX2, else "
                         "AVX512-BF16; int8 or bf16 ask for one")
     parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16", "float16", "float32"], default=None,
                         help="workers' KV cache dtype: auto (the default) is the activations' dtype, or "

@@ -14,7 +14,7 @@ ROLES = ("prefill", "decode", "both")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("auto", "none")  # auto: a checkpoint's quantized blocks as they are; none: full precision
 # What a CPU's many-row products on quantized weights run on (quant/placement.py): auto (AMX
-# tiles where the CPU has them, else int8 on AVX512-VNNI, else AVX512-BF16), or one asked for
+# tiles where the CPU has them, else int8 on AVX512-VNNI or AVX2, else AVX512-BF16), or one asked for
 PROMPT_PRODUCTS = ("auto", "int8", "bf16")
 RANK_PLACEMENTS = ("pack", "spread")  # where a worker's other tensor-parallel ranks run (Ray)
 # Prompt tokens per step are capped so running decodes keep this time per output token. With

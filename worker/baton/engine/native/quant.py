@@ -54,9 +54,10 @@ def product(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int) -> torch.
 
 
 # The engines of the many-row products, each unpacking a group of weight rows once into a
-# panel in cache (quant_bf16.h: bf16 products; quant_int8.h: int8 products): bit number and
-# name, in the order `panel_engines` ranks them, slowest first
-PANEL_ENGINES = {1: "avx512_bf16", 3: "avx512_vnni", 2: "amx"}
+# panel in cache (quant_bf16.h: bf16 products; quant_int8.h: int8 products, on AVX512-VNNI or
+# else on AVX2, quant_int8_avx2.h): bit number and name, in the order `panel_engines` ranks
+# them, slowest first. A library holds at most one of the two int8 engines.
+PANEL_ENGINES = {4: "avx2_int8", 1: "avx512_bf16", 3: "avx512_vnni", 2: "amx"}
 PANEL_ENGINE_IDS = {name: bit for bit, name in PANEL_ENGINES.items()}
 
 
@@ -73,7 +74,7 @@ def panel_engines(lib: ctypes.CDLL) -> list[str]:
 def product_panels(lib: ctypes.CDLL, m: QuantMatrix, x: torch.Tensor, n: int, engine: str = "") -> torch.Tensor:
     """float32 x [rows, k] @ W^T -> float32 [rows, n]: each group of weight rows unpacked
     once into a panel in cache, on `engine`: bf16 products (quant_bf16.h; the default: AMX
-    where allowed, else AVX512-BF16) or int8 ones (`avx512_vnni`, quant_int8.h)."""
+    where allowed, else AVX512-BF16) or int8 ones (`avx512_vnni` or `avx2_int8`, quant_int8.h)."""
     if engine and engine not in PANEL_ENGINE_IDS:
         raise ValueError(f"unknown panel engine {engine!r}: one of {sorted(PANEL_ENGINE_IDS)}")
     x = x.to(torch.float32).contiguous()

@@ -1,4 +1,5 @@
-/* Products on quantized weights in int8 with AVX512-VNNI (VPDPBUSD), from a decode step's rows to a prompt's.
+/* Products on quantized weights in int8 with AVX512-VNNI (VPDPBUSD), from a decode step's rows to a prompt's;
+ * on CPUs with AVX2 and no VNNI, the same products with VPMADDUBSW (quant_int8_avx2.h).
  *
  * The bf16 engines (quant_bf16.h) turn every weight into a bf16 value before multiplying:
  * a float conversion and FMA per weight per step, ~11 ms of SmolLM2's products on a Zen 4
@@ -35,12 +36,11 @@
  * keep (bench/quant_quality.py measures it); quant/placement.py runs this engine where no
  * AMX tiles are, or when asked for (--prompt-products int8). Included by quant_product.h.
  */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define QUANT_INT8 1
-#define INT8_ROWS 4            /* input rows one pass holds: 2 groups x 4 rows, int and float sums */
+/* The engines of the many-row products: quant_bf16.h's and this file's. */
+#define QUANT_INT8_VNNI 3
+#define QUANT_INT8_AVX2 4
 #define INT8_OUTLIERS 4        /* each input row's largest values, multiplied in float */
 #define INT8_PANEL_BLOCK 640   /* bytes of one block in a panel: 8 x 64 quants, 16 d_w, 16 c */
-#define INT8_IN_PLACE_ROWS 16  /* up to this many input rows, the weights are read in place */
 
 typedef struct { /* a value taken out of an input row, and where its weights lie */
     int32_t block; /* its block of 32 */
@@ -53,6 +53,32 @@ typedef struct { /* the input rows as int8_inputs leaves them */
     float *d, *dsum;       /* [rows, nb]: d_x, d_x * sum(x') */
     Int8Outlier *outliers; /* [rows, INT8_OUTLIERS] */
 } Int8Inputs;
+
+typedef struct { /* where a pass reads a group's blocks: its panel, or the weights in place */
+    const uint8_t *data;
+    int64_t step;          /* bytes a block */
+    int quants;            /* bytes from a block's start to its quants (chunks) */
+    const QuantFormat *f;  /* in place: how to read the block's scales */
+    int fifths;            /* in place, 5-bit quants: bytes from a block's start to its fifth bits; else -1 */
+} Int8Source;
+
+static inline Int8Source int8_source(const QuantGroup *group, const uint8_t *panel) {
+    const QuantFormat *f = &group->format;
+    if (panel) return (Int8Source){panel, INT8_PANEL_BLOCK, 0, f, -1};
+    return (Int8Source){group->data, QUANT_ROWS * f->block_bytes, QUANT_ROWS * f->header_bytes, f,
+                        f->fifth ? QUANT_ROWS * (f->header_bytes - 4) : -1};
+}
+
+/* How a pass reads a format's blocks in place: 0 bytes, 1 plain nibbles, 2 nibbles with
+ * fifth bits or a lookup (constants of int8_pass_rows, so 4-bit blocks' loops test neither). */
+static inline int int8_nibbles(const QuantFormat *f) {
+    return !f->nibbles ? 0 : (f->fifth || f->lookup) ? 2 : 1;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define QUANT_INT8 QUANT_INT8_VNNI
+#define INT8_ROWS 4            /* input rows one pass holds: 2 groups x 4 rows, int and float sums */
+#define INT8_IN_PLACE_ROWS 16  /* up to this many input rows, the weights are read in place */
 
 static inline float int8_block_max(const float *v) {
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v)), _mm512_abs_ps(_mm512_loadu_ps(v + 16))));
@@ -103,21 +129,6 @@ static void int8_inputs(const float *x, int rows, int k, float *rest, float *ama
             in->dsum[r * nb + b] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
         }
     }
-}
-
-typedef struct { /* where a pass reads a group's blocks: its panel, or the weights in place */
-    const uint8_t *data;
-    int64_t step;          /* bytes a block */
-    int quants;            /* bytes from a block's start to its quants (chunks) */
-    const QuantFormat *f;  /* in place: how to read the block's scales */
-    int fifths;            /* in place, 5-bit quants: bytes from a block's start to its fifth bits; else -1 */
-} Int8Source;
-
-static Int8Source int8_source(const QuantGroup *group, const uint8_t *panel) {
-    const QuantFormat *f = &group->format;
-    if (panel) return (Int8Source){panel, INT8_PANEL_BLOCK, 0, f, -1};
-    return (Int8Source){group->data, QUANT_ROWS * f->block_bytes, QUANT_ROWS * f->header_bytes, f,
-                        f->fifth ? QUANT_ROWS * (f->header_bytes - 4) : -1};
 }
 
 /* Chunks j and j + 4 of a block (chunk c: values 4c..4c+3 of each of the 16 rows, one row per
@@ -284,12 +295,6 @@ static inline __attribute__((always_inline)) void int8_passes(const Int8Source s
     }
 }
 
-/* How a pass reads a format's blocks in place: 0 bytes, 1 plain nibbles, 2 nibbles with
- * fifth bits or a lookup (constants of int8_pass_rows, so 4-bit blocks' loops test neither). */
-static inline int int8_nibbles(const QuantFormat *f) {
-    return !f->nibbles ? 0 : (f->fifth || f->lookup) ? 2 : 1;
-}
-
 /* A pair of groups (`count` of them) against every input row: unpacked into `panels` first
  * where given (2 * nb * INT8_PANEL_BLOCK bytes), else read in place. */
 static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, const int valid[2], int nb,
@@ -320,6 +325,14 @@ static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, c
 #undef INT8_IN_PLACE
 }
 
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QUANT_INT8 QUANT_INT8_AVX2
+#include "quant_int8_avx2.h"
+#else
+#define QUANT_INT8 0
+#endif
+
+#if QUANT_INT8
 static int64_t int8_scratch_bytes(int rows, int k) {
     return (int64_t)rows * k + (int64_t)rows * (k / QUANT_BLOCK) * 8 + (int64_t)rows * INT8_OUTLIERS * (int64_t)sizeof(Int8Outlier) +
            (int64_t)k * 4 + (int64_t)(k / QUANT_BLOCK) * 4 + 64;
@@ -359,7 +372,6 @@ static int int8_product(const QuantMatrix *w, const float *x, int rows, float *o
     return failed ? -2 : 0;
 }
 #else
-#define QUANT_INT8 0
 static int64_t int8_scratch_bytes(int rows, int k) { (void)rows, (void)k; return 64; }
 static int int8_product(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch) {
     (void)w, (void)x, (void)rows, (void)out, (void)scratch;
@@ -367,11 +379,8 @@ static int int8_product(const QuantMatrix *w, const float *x, int rows, float *o
 }
 #endif
 
-/* The engines of the many-row products: quant_bf16.h's and this file's. */
-#define QUANT_INT8_VNNI 3
-
 /* A bit (1 << engine) for each engine this library and this process can use. */
-int baton_quant_panel_engines(void) { return bf16_engines() | (QUANT_INT8 ? 1 << QUANT_INT8_VNNI : 0); }
+int baton_quant_panel_engines(void) { return bf16_engines() | (QUANT_INT8 ? 1 << QUANT_INT8 : 0); }
 
 /* Bytes of scratch baton_quant_product_panels needs for `rows` input rows of `k` values, on any engine. */
 int64_t baton_quant_panel_scratch_bytes(int rows, int k) {
@@ -382,6 +391,7 @@ int64_t baton_quant_panel_scratch_bytes(int rows, int k) {
 /* out[rows, n] = x[rows, k] @ W^T on `engine` (QUANT_BF16_ANY: a bf16 engine, AMX where
  * allowed). Returns 0; -1 (nothing written) where the engine is unavailable; -2 out of memory. */
 int baton_quant_product_panels(const QuantMatrix *w, const float *x, int rows, float *out, void *scratch, int engine) {
-    if (engine == QUANT_INT8_VNNI) return QUANT_INT8 ? int8_product(w, x, rows, out, scratch) : -1;
+    if (engine == QUANT_INT8_VNNI || engine == QUANT_INT8_AVX2)
+        return QUANT_INT8 && engine == QUANT_INT8 ? int8_product(w, x, rows, out, scratch) : -1;
     return bf16_product(w, x, rows, out, scratch, engine);
 }

@@ -56,11 +56,17 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # Steps of decodes alone take them from these rows too, as steps with prompt chunks do: 16
 # decodes (contexts of 300) 49.3 -> 39.9 ms a step, 32 decodes 96.0 -> 64.4 ms
 # (bench/results/mixed_steps.xeon.decode_panels.json).
-PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 2}
+# AVX2's int8 products (native/quant_int8_avx2.h, CPUs without AVX512-VNNI) on a Zen 3 core
+# against the int16 kernels, one thread: slower at 1 row (10.8-13.6 ms against 8.2-13.2),
+# even at 2, faster from 3 (4 rows 16.6 against 18.4-18.7, 8 rows 26.8 against 36.9, 32 rows
+# 86-90 against 134-170, 256 rows 700-800 against 1,090-1,300; two threads: 8 rows 22.1-22.2
+# against 28.8-33.1). The LM head (Q8_0) gains least: its signed bytes take a widening
+# per chunk.
+PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 2, "avx2_int8": 2}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
 # them (step_budget.on_row_tiles).
-PANEL_ROW_TILE = {"amx": 16, "avx512_bf16": 8, "avx512_vnni": 4}
+PANEL_ROW_TILE = {"amx": 16, "avx512_bf16": 8, "avx512_vnni": 4, "avx2_int8": 4}
 # Engines whose products round the inputs to bf16. The int8 one (AVX512-VNNI) rounds them
 # to int8 per block of 32, each row's 4 largest values kept in float (native/quant_int8.h):
 # SmolLM2 on held-out text then agrees with the float32 path on 98.0% of greedy tokens
@@ -69,6 +75,9 @@ PANEL_ROW_TILE = {"amx": 16, "avx512_bf16": 8, "avx512_vnni": 4}
 # Within the 97% target, and 1.4x (Zen 4) to 3x (a Xeon) faster than AVX512-BF16's, so
 # `auto` takes it where no AMX tiles are; AMX's stay the faster where they are.
 BF16_PANEL_ENGINES = ("avx512_bf16", "amx")
+# The int8 engines: the same arithmetic (and values, up to float rounding) on AVX512-VNNI or,
+# without it, on AVX2; a library holds one of them.
+INT8_PANEL_ENGINES = ("avx512_vnni", "avx2_int8")
 
 
 def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[torch.dtype, str]:
@@ -83,7 +92,8 @@ def prompt_dtype(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str) -> tuple[to
     return torch.float32, why
 
 
-ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx512_vnni": "AVX512-VNNI"}
+ENGINE_NAMES = {"amx": "AMX tiles", "avx512_bf16": "AVX512-BF16", "avx512_vnni": "AVX512-VNNI",
+                "avx2_int8": "AVX2"}
 
 
 def check_prompt_products(asked: str) -> None:
@@ -100,11 +110,12 @@ def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] |
     the others. `engines`: the library's, fastest last."""
     check_prompt_products(asked_products)
     bf16 = [e for e in engines if e in BF16_PANEL_ENGINES]
+    int8 = [e for e in engines if e in INT8_PANEL_ENGINES]
     if asked_products == "int8":
-        if "avx512_vnni" not in engines:
-            raise ValueError("--prompt-products int8 needs AVX512-VNNI (avx512_vnni) in this CPU and the "
-                             f"native library; here the panel engines are {list(engines) or 'none'}")
-        return "avx512_vnni", "--prompt-products int8"
+        if not int8:
+            raise ValueError("--prompt-products int8 needs AVX512-VNNI (avx512_vnni) or AVX2 (avx2, fma, f16c) in "
+                             f"this CPU and the native library; here the panel engines are {list(engines) or 'none'}")
+        return int8[-1], "--prompt-products int8"
     if asked_products == "bf16":
         if not bf16:
             raise ValueError("--prompt-products bf16 needs AVX512-BF16 or AMX (avx512_bf16, amx_bf16) in this "
@@ -112,8 +123,8 @@ def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] |
         return bf16[-1], "--prompt-products bf16"
     if "amx" in engines and gemm == torch.bfloat16:
         return "amx", ""
-    if "avx512_vnni" in engines and asked_dtype == "auto":
-        return "avx512_vnni", "no AMX tiles here: int8 the fastest within the accuracy target"
+    if int8 and asked_dtype == "auto":
+        return int8[-1], "no AMX tiles here: int8 the fastest within the accuracy target"
     if bf16 and gemm == torch.bfloat16:
         return bf16[-1], ""
     return "", ""
