@@ -5,6 +5,8 @@ independent of their chunk; clear refusals; and where the engine chooses it."""
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 from test_ref_kernels import _dense_attention, _gen, _scatter
@@ -31,16 +33,38 @@ def _causal_tail(n: int, ctx: int) -> torch.Tensor:
     return torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n, ctx, hq, hkv, d", [
+SHAPES = [  # n, ctx, hq, hkv, d
     (1, 1, 2, 1, 16),  # one token
     (5, 5, 9, 3, 64),  # SmolLM2's heads, a fresh prompt shorter than a key block
     (40, 100, 9, 3, 64),  # extend: 60 cached, rows spanning task blocks and key blocks
     (33, 33, 8, 8, 128),  # no grouping, the widest head
     (70, 70, 8, 4, 16),  # groups of two, 32 rows a task
     (64, 64, 64, 1, 16),  # 64 query heads to one KV head: one chunk row a task
-])
+]
+
+
+@pytest.fixture(scope="module")
+def portable_lib():
+    """The library built for any x86-64 CPU: the attention's portable C form without AVX2."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the portable build is an x86 one")
+    flags = ["-march=x86-64" if flag == "-march=native" else flag for flag in build.FLAGS]
+    return build.open_library(build.build_library(build.cache_dir(), flags))
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, ctx, hq, hkv, d", SHAPES)
 def test_matches_causal_attention(lib, kv_dtype, n, ctx, hq, hkv, d):
+    _check_causal_attention(lib, kv_dtype, n, ctx, hq, hkv, d)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, ctx, hq, hkv, d", SHAPES)
+def test_the_portable_form_matches_causal_attention(portable_lib, kv_dtype, n, ctx, hq, hkv, d):
+    _check_causal_attention(portable_lib, kv_dtype, n, ctx, hq, hkv, d)
+
+
+def _check_causal_attention(lib, kv_dtype, n, ctx, hq, hkv, d):
     g = _gen(n + ctx)
     q = 3 * torch.randn(n, hq, d, generator=g)  # scaled: peaked softmax rows too
     k, v = (torch.randn(ctx, hkv, d, generator=g).to(kv_dtype) for _ in range(2))

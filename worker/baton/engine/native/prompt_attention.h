@@ -279,9 +279,13 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
 int baton_step_takes_prompts(void) { return 1; }
 #else
 #include <stdlib.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include "prompt_attention_avx2.h"
+#endif
 
 /* Without AVX-512: the same attention in portable C, float32 products only (a key or value
- * in bf16 widened exactly), each row's scores, softmax and value sums in turn. Slower per
+ * in bf16 widened exactly), each row's scores, softmax and value sums in turn; on AVX2 with
+ * the keys laid out in tiles first (prompt_attention_avx2.h). Slower per
  * key than the lanes above, but the native step's prompt chunks are a few tokens over a
  * short context: running them here keeps a step with prompt tokens on the native step
  * (without it such a step took torch's path, ~45 ms more on a Zen 3 core). Where torch's
@@ -334,6 +338,10 @@ static int prompt_attention_portable(const float *q, int64_t q_stride, const voi
     if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx || bf16_products != PROMPT_FLOAT32)
         return -1; /* the AVX-512 form's shapes, so a model runs natively on both or neither */
+#if defined(__AVX2__) && defined(__FMA__)
+    return prompt_attention_avx2(q, q_stride, k, v, kv_bf16, table, block_size, n, ctx, num_heads, num_kv_heads,
+                                 dim, scale, out);
+#endif
     const int group = num_heads / num_kv_heads;
     int failed = 0;
 #pragma omp parallel if ((int64_t)n * ctx * num_heads > 65536)

@@ -161,6 +161,52 @@ static inline __attribute__((always_inline)) __m256 int8_outlier_weights(const I
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), d, c);
 }
 
+/* A block's integer sums, half `half` against R input rows (`xb`, k apart), for weights
+ * below 32: all 4 chunk pairs unpacked first and kept in registers, then each row in turn, its
+ * pairs added in 16 bits over `span` chunks before one widening. */
+static inline __attribute__((always_inline)) void int8_unsigned_dots(const uint8_t *quants, const int nibbles,
+                                                                     const uint8_t *fifths, const int span, int half,
+                                                                     const int8_t *xb, int k, const int R,
+                                                                     __m256i dots[]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i lo[4], hi[4];
+    for (int j = 0; j < 4; j++) int8_chunks(quants, nibbles, j, fifths, 0, half, &lo[j], &hi[j]);
+    for (int r = 0; r < R; r++) {
+        const int8_t *x = xb + (int64_t)r * k;
+        __m256i pairs = _mm256_setzero_si256(), dot = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i both = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(load_i32(x + 4 * j))),
+                                                  _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(load_i32(x + 16 + 4 * j))));
+            pairs = j % span ? _mm256_add_epi16(pairs, both) : both;
+            if (j % span == span - 1) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+        }
+        dots[r] = dot;
+    }
+}
+
+/* The same for weights past 31 (8-bit quants, IQ4_NL's levels), taken signed, w = u - 128,
+ * and multiplied as |w| by the input with w's sign: each product pair widened on its own. */
+static inline __attribute__((always_inline)) void int8_signed_dots(const uint8_t *quants, const int nibbles, int half,
+                                                                   const int8_t *xb, int k, const int R,
+                                                                   __m256i dots[]) {
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < R; r++) dots[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        __m256i lo, hi;
+        int8_chunks(quants, nibbles, j, NULL, nibbles == 2, half, &lo, &hi);
+        lo = _mm256_xor_si256(lo, flip);
+        hi = _mm256_xor_si256(hi, flip);
+        const __m256i abs_lo = _mm256_abs_epi8(lo), abs_hi = _mm256_abs_epi8(hi);
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xb + (int64_t)r * k;
+            const __m256i x_lo = _mm256_set1_epi32(load_i32(x + 4 * j)), x_hi = _mm256_set1_epi32(load_i32(x + 16 + 4 * j));
+            const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_lo, _mm256_sign_epi8(x_lo, lo)), ones);
+            const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_hi, _mm256_sign_epi8(x_hi, hi)), ones);
+            dots[r] = _mm256_add_epi32(dots[r], _mm256_add_epi32(p_lo, p_hi));
+        }
+    }
+}
+
 /* Half `half` of a group against input rows first..last, R (<= INT8_ROWS) a pass: the int8
  * blocks, then the outliers. `nibbles` (0 bytes, 1 plain nibbles, 2 nibbles with fifth bits
  * or, signed, a lookup), `is_signed`, `panel` and R are constants at each call. `next`: the
@@ -173,7 +219,6 @@ static inline __attribute__((always_inline)) void int8_half_pass(const Int8Sourc
                                                                  const NextGroups *next) {
     const int columns = valid - 8 * half;
     const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(columns), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     __m256i pick[4];
     for (int byte = 0; byte < 4; byte++) { /* byte `byte` of each 32-bit lane; 0x80: zero */
         const int lane = (int)(0x80808000u | (unsigned)byte);
@@ -186,33 +231,12 @@ static inline __attribute__((always_inline)) void int8_half_pass(const Int8Sourc
             const uint8_t *g = src->data + b * src->step;
             const int8_t *xb = in->q + (int64_t)r0 * k + b * QUANT_BLOCK;
             if (next && r0 == first) prefetch_next_block(next, b);
-            __m256i dots[INT8_ROWS], pairs[INT8_ROWS];
-            for (int r = 0; r < R; r++) dots[r] = pairs[r] = _mm256_setzero_si256();
-            for (int j = 0; j < 4; j++) {
-                __m256i lo, hi;
-                const uint8_t *fifths = nibbles == 2 && !is_signed ? g + src->fifths : NULL;
-                int8_chunks(g + src->quants, nibbles, j, fifths, nibbles == 2 && is_signed, half, &lo, &hi);
-                if (is_signed) { /* w = u - 128, multiplied as |w| by the input with w's sign */
-                    lo = _mm256_xor_si256(lo, flip);
-                    hi = _mm256_xor_si256(hi, flip);
-                    const __m256i abs_lo = _mm256_abs_epi8(lo), abs_hi = _mm256_abs_epi8(hi);
-                    for (int r = 0; r < R; r++) {
-                        const __m256i x_lo = _mm256_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
-                        const __m256i x_hi = _mm256_set1_epi32(load_i32(xb + (int64_t)r * k + 16 + 4 * j));
-                        const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_lo, _mm256_sign_epi8(x_lo, lo)), ones);
-                        const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_hi, _mm256_sign_epi8(x_hi, hi)), ones);
-                        dots[r] = _mm256_add_epi32(dots[r], _mm256_add_epi32(p_lo, p_hi));
-                    }
-                } else { /* pairs add in 16 bits over `span` chunks, then widen */
-                    for (int r = 0; r < R; r++) {
-                        const __m256i x_lo = _mm256_set1_epi32(load_i32(xb + (int64_t)r * k + 4 * j));
-                        const __m256i x_hi = _mm256_set1_epi32(load_i32(xb + (int64_t)r * k + 16 + 4 * j));
-                        const __m256i both = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi));
-                        pairs[r] = j % span ? _mm256_add_epi16(pairs[r], both) : both;
-                        if (j % span == span - 1) dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(pairs[r], ones));
-                    }
-                }
-            }
+            __m256i dots[INT8_ROWS];
+            const uint8_t *fifths = nibbles == 2 && !is_signed ? g + src->fifths : NULL;
+            if (is_signed)
+                int8_signed_dots(g + src->quants, nibbles, half, xb, k, R, dots);
+            else
+                int8_unsigned_dots(g + src->quants, nibbles, fifths, span, half, xb, k, R, dots);
             __m256 dw, cw;
             int8_block_scales(g, src->f, panel, half, &dw, &cw);
             if (is_signed) cw = _mm256_fmadd_ps(dw, _mm256_set1_ps(128.0f), cw);
