@@ -11,6 +11,7 @@ from baton.engine.step_budget import (
     UNREACHABLE_SHARE,
     RowTiles,
     StepCosts,
+    decodes_past_objective,
     on_row_tiles,
     prefill_token_budget,
 )
@@ -64,6 +65,14 @@ def test_prompts_add_half_a_decode_step_once_decodes_alone_exceed_the_objective(
     assert prefill_token_budget(0.1, 8, costs, ceiling=2048) == pytest.approx(300, rel=0.2)
     slow_prompts = costs_of(0.2, 0.05, 0.1)
     assert prefill_token_budget(0.1, 8, slow_prompts, ceiling=2048) == MIN_PROMPT_TOKENS_PER_STEP
+
+
+def test_decodes_past_the_objective_are_told_by_their_own_line():
+    costs = costs_of(0.010, 0.004, 0.0001)  # 8 decodes: 42 ms a step
+    assert decodes_past_objective(costs, 8, 0.030) and not decodes_past_objective(costs, 4, 0.030)
+    assert not decodes_past_objective(costs, 8, 0.050)
+    assert not decodes_past_objective(costs, 8, None) and not decodes_past_objective(costs, 8, 0.0)  # no objective
+    assert not decodes_past_objective(StepCosts(), 8, 0.030)  # nothing measured
 
 
 def test_tokens_that_fit_move_down_to_a_row_tiles_end_and_forced_ones_up():

@@ -27,6 +27,7 @@ class FakeWorker:
         self.die_after_tokens: int | None = None  # drop the connection after n streamed tokens
         self.queue_timeouts = 0  # answer this many generate calls 429 queue_timeout (pool full)
         self.prefill_seconds_per_token: float | None = None  # its own rate, as its state says
+        self.decodes_past_objective = False  # its decodes alone outrun their TPOT objective, as its state says
         self.prefill_delay_s = 0.0  # how long a prefill takes
         self.first_token_delay_s = 0.0  # how long a generate call prefills before its first token
         self.calls: list[tuple[str, str]] = []  # (path, request_id)
@@ -59,7 +60,8 @@ class FakeWorker:
             return web.json_response({"error": {"message": "token"}}, status=401)
         return web.json_response({"role": self.role, "state": self.state, "running": 0,
                                   "waiting": 0, "kv_usage": 0.1,
-                                  "prefill_seconds_per_token": self.prefill_seconds_per_token})
+                                  "prefill_seconds_per_token": self.prefill_seconds_per_token,
+                                  "decodes_past_objective": self.decodes_past_objective})
 
     async def reserve(self, request: web.Request) -> web.Response:
         body = await self._body(request, "reserve")

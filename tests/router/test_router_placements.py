@@ -3,6 +3,7 @@ the log itself (pure), then the real router against loopback fake workers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
@@ -96,6 +97,23 @@ async def test_the_router_serves_each_prompts_path_and_the_threshold_it_met(fake
     for response in bad:
         assert response.status_code == 400 and response.json()["error"]["param"] == "limit"
     assert unkeyed.status_code == 401
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_headed_to_decodes_past_their_objective_weighs_their_stall_in_full(fake_workers, model_info):
+    """A decode worker whose state says its decodes alone outrun their TPOT objective (a slow
+    CPU): its prompts are placed at stall weight 1, whatever the router's own."""
+    decode, prefill = await fake_workers("decode"), await fake_workers("prefill")
+    async with running_router(model_info, [decode.url, prefill.url]) as url:
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=20)
+        await api.completions.create(model="smollm2", prompt=[7] * 100, max_tokens=2)
+        decode.decodes_past_objective = True
+        await asyncio.sleep(0.3)  # the router's next poll of the decode worker's state
+        await api.completions.create(model="smollm2", prompt=[8] * 100, max_tokens=2)
+        async with httpx.AsyncClient(base_url=url) as http:
+            answer = (await http.get("/router/placements")).json()
+    before, after = answer["placements"]
+    assert before["terms"]["stall_weight"] == DEFAULT_STALL_WEIGHT and after["terms"]["stall_weight"] == 1.0
 
 
 @pytest.mark.asyncio

@@ -249,6 +249,8 @@ def test_the_stall_weight_scales_what_a_prompt_costs_others():
 def test_a_prompt_longer_than_the_prefill_chunk_is_placed_at_weight_one():
     assert stall_weight_for(0.2, 512, 512) == 0.2 and stall_weight_for(0.2, 513, 512) == 1.0
     assert stall_weight_for(0.2, 2000, 0) == 0.2  # no chunk known: the router's weight
+    # decodes that alone outrun their objective: no budget keeps them within it, so in full
+    assert stall_weight_for(0.2, 256, 512, decodes_past_objective=True) == 1.0
     # a 2,000-token prompt behind two more at the prefill worker, five streams decoding: at
     # 0.2 it would prefill beside them (threshold ~2,260), at 1 it goes away (~750)
     est = ThresholdEstimator(stall_weight=0.2)

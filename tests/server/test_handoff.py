@@ -45,6 +45,7 @@ def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, dec
     # every worker publishes its own rate in its state, for the router's local side
     assert prefill.state()["prefill_seconds_per_token"] > 0
     assert "prefill_seconds_per_token" in decode.state()  # None until it prefills a prompt itself
+    assert decode.state()["decodes_past_objective"] in (True, False)  # by its calibrated decode line
     moved = sum(t["bytes"] for t in transfers)
     assert prefill.metric("baton_kv_transfer_bytes_total") - sent_before == moved
     assert decode.metric("baton_kv_exposed_transfer_seconds_count") == 0  # measured on the prefill side

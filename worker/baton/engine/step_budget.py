@@ -334,6 +334,14 @@ def _fit_with_context(steps: list[tuple[int, int, float]]) -> PromptCost | None:
     return PromptCost(fixed, per_token, per_context)
 
 
+def decodes_past_objective(costs: StepCosts, decodes: int, tpot_objective_s: float | None) -> bool:
+    """Whether `decodes` decodes alone take longer a step than the TPOT objective (none set or
+    their cost unmeasured: no). There no per-step prompt budget keeps them within it: a prompt
+    chunk beside them lengthens gaps already past it (`prefill_token_budget`'s floor)."""
+    t_dec = costs.decode_step_s(decodes) if tpot_objective_s and decodes > 0 else None
+    return t_dec is not None and t_dec > tpot_objective_s
+
+
 def starting_credit_s(tpot_objective_s: float, bank: float) -> float:
     """The saved time every stream starts with (STARTING_CREDIT_STEPS longest steps' excess
     over the objective; none where the bank is 1)."""

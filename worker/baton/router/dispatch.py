@@ -159,7 +159,8 @@ class Dispatcher:
                 "held_prompts": self._held_up(uncached, queued, len(prefill), chunk),
                 "local_s_per_token": decode.prefill_s_per_token,
                 "local_queued_tokens": sum(decode.inflight_prompts),
-                "stall_weight": stall_weight_for(self.estimator.stall_weight, uncached, chunk)}
+                "stall_weight": stall_weight_for(self.estimator.stall_weight, uncached, chunk,
+                                                 decode.decodes_past_objective)}
 
     def _record_placement(self, rid: str, prompt_tokens: int, uncached: int, path: str, threshold: float,
                           decode_url: str, prefill_url: str | None, terms: dict, fallback: bool = False) -> None:

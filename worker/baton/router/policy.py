@@ -28,6 +28,7 @@ class WorkerSnapshot:
     inflight_prompts: tuple[int, ...] = ()  # of which the prompt tokens still to prefill there, prompt by prompt
     chunk_size: int = 0  # its longest prompt chunk (0: whole prompts), from its state
     prefill_s_per_token: float | None = None  # its own measured cost of a prompt token
+    decodes_past_objective: bool = False  # its decodes alone outrun their TPOT objective (its state)
     inflight_at_poll: int = 0  # this router's outstanding requests there when it last polled
     awaiting_remote: int = 0  # of this router's requests there, those whose prompts still prefill elsewhere
 

@@ -130,6 +130,7 @@ class WorkerPool:
             kv_usage=float(state.get("kv_usage") or 0.0),
             chunk_size=max(int(state.get("chunk_size") or 0), 0),
             prefill_s_per_token=positive_or_none(state.get("prefill_seconds_per_token")),
+            decodes_past_objective=state.get("decodes_past_objective") is True,
             inflight_at_poll=outstanding)
         was_usable = url in self._snapshots and self._snapshots[url].accepts_work
         self._snapshots[url] = self._apply_labels(snap, member)

@@ -50,7 +50,9 @@ tokens come slower inside the objective rather than stopping them. On a Zen 4's 
 1 / 0.5 / 0.2 / 0 gave TTFT p50 749-768 / 643-689 / 528-530 / 477-523 ms, ITL p99 38-49 /
 41-42 / 41-45 / 44-46 ms and 225-258 / 243-254 / 246-250 / 229 output tokens/s: 0.2 is the
 default (at 0 the prefill worker idles while the decode worker's chunks fall behind). A
-prompt longer than the prefill worker's chunk is placed at weight 1 (`stall_weight_for`).
+prompt longer than the prefill worker's chunk is placed at weight 1 (`stall_weight_for`), and
+so is one headed to a decode worker whose decodes alone outrun their objective (a slow CPU):
+there no budget keeps the streams within it.
 """
 
 from __future__ import annotations
@@ -97,14 +99,21 @@ def parse_threshold(value: str | int | float | None) -> float | None:
     return number
 
 
-def stall_weight_for(weight: float, tokens: int, chunk_size: int) -> float:
+def stall_weight_for(weight: float, tokens: int, chunk_size: int, decodes_past_objective: bool = False) -> float:
     """The stall weight a prompt of `tokens` uncached tokens is placed with: `weight`, or 1
     for a prompt longer than the prefill worker's chunk. Kept home, such a prompt runs in many
     chunks beside the streams, each dearer than t_local prices as its context grows. At 0.2
     the interference experiment's 2,000-token prompts stayed home often enough to take its
     short streams' ITL p99 to 50 ms, against 34 with every prompt at 1 and 35 with this
-    (bench/interference.py, a Zen 4, setup C)."""
-    return 1.0 if chunk_size and tokens > chunk_size else weight
+    (bench/interference.py, a Zen 4, setup C).
+    Also 1 where the decode worker's decodes alone outrun their TPOT objective
+    (`decodes_past_objective`, from its state): a weight below 1 counts on its per-step
+    budget keeping the streams within the objective, and there none can, so every chunk of a
+    prompt kept home lengthens their gaps past it. On a Zen 3 core (no AVX-512; decode
+    steps of 7-8 streams 43-50 ms against a 30 ms objective) 9-10 of 34 prompts stayed home
+    at 0.2 and the P/D layout's ITL p99 was 1.07-1.27x vLLM's (bench/serving.py,
+    results/serving.zen3.run4.json)."""
+    return 1.0 if (chunk_size and tokens > chunk_size) or decodes_past_objective else weight
 
 
 def parse_stall_weight(value: str | float | None) -> float:

@@ -9,7 +9,7 @@ import os
 from baton.engine.async_engine import AsyncEngine
 from baton.engine.calibration import calibrate
 from baton.engine.engine import Engine
-from baton.engine.step_budget import COLOCATED_PROMPT_SHARE
+from baton.engine.step_budget import COLOCATED_PROMPT_SHARE, decodes_past_objective
 from baton.kv.stream import BackgroundLoop
 from baton.kv.transport import select_transport
 from baton.server.admissions import Admissions
@@ -250,5 +250,10 @@ class Worker:
             rank_pids=[p.pid for p in getattr(engine.runner, "procs", [])],
             # its own cost of a prompt token (the router's local side of the threshold)
             prefill_seconds_per_token=engine.step_costs.prefill_s_per_token,
+            # whether its decodes alone, one more among them, outrun their TPOT objective
+            # (the router then weighs their stall in full: threshold.stall_weight_for)
+            decodes_past_objective=decodes_past_objective(
+                engine.step_costs, len(engine.scheduler.running) + len(self.intake.reservations) + 1,
+                engine.config.tpot_objective_s),
         )
         return doc
