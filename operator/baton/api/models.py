@@ -72,7 +72,7 @@ class EngineSettings(ApiModel):
     prompt_products: Literal["auto", "int8", "bf16"] = Field(
         "auto", description="on CPU, what many-row products on quantized weights (prompt chunks) run "
         "on: auto = AMX tiles where the node's CPU has them, else int8 on AVX512-VNNI (on AVX2 "
-        "where it has no VNNI), else AVX512-BF16; int8 or bf16 ask for one (a worker whose CPU has none stops at start saying so)")
+        "where it has neither VNNI nor AVX-512), else AVX512-BF16; int8 or bf16 ask for one (a worker whose CPU has none stops at start saying so)")
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one step")
     chunk_size: int = Field(512, ge=1, description="prefill chunk, in tokens")

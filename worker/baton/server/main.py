@@ -40,7 +40,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-products", default="auto", choices=PROMPT_PRODUCTS,
                         help="on CPU, what the many-row products on quantized weights (prompt chunks) "
                         "run on: auto = AMX tiles where the CPU has them, else int8 on AVX512-VNNI "
-                        "or AVX2 (each row's largest inputs kept in float), else AVX512-BF16; int8 or bf16 "
+                        "or on AVX2 without AVX-512 (each row's largest inputs kept in float), else AVX512-BF16; int8 or bf16 "
                         "ask for one (an error where this CPU has none)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)

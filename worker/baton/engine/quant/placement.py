@@ -105,9 +105,11 @@ def check_prompt_products(asked: str) -> None:
 
 
 def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] | list[str],
-                 asked_products: str) -> tuple[str, str]:
+                 asked_products: str, int16_on_avx512: bool = False) -> tuple[str, str]:
     """The panel engine many-row products run on ("" for none), and why it was chosen over
-    the others. `engines`: the library's, fastest last."""
+    the others. `engines`: the library's, fastest last. `int16_on_avx512`: the int16 kernels
+    run on AVX-512 here (AVX512BW), where AVX2's int8 products were never measured against
+    them (a Xeon with AVX-512 but no VNNI): `auto` keeps them there, `int8` may ask."""
     check_prompt_products(asked_products)
     bf16 = [e for e in engines if e in BF16_PANEL_ENGINES]
     int8 = [e for e in engines if e in INT8_PANEL_ENGINES]
@@ -123,7 +125,7 @@ def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] |
         return bf16[-1], "--prompt-products bf16"
     if "amx" in engines and gemm == torch.bfloat16:
         return "amx", ""
-    if int8 and asked_dtype == "auto":
+    if int8 and asked_dtype == "auto" and not (int8[-1] == "avx2_int8" and int16_on_avx512):
         return int8[-1], "no AMX tiles here: int8 the fastest within the accuracy target"
     if bf16 and gemm == torch.bfloat16:
         return bf16[-1], ""
@@ -136,7 +138,8 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
     `engines`: the native library's panel engines here, fastest last (native/quant.py's
     `panel_engines`). `asked_products`: the prompt products setting (PROMPT_PRODUCTS)."""
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
-    engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products)
+    engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products,
+                                      int16_on_avx512="avx512bw" in cpu.flags)
     if engine:
         rows = PANEL_MIN_ROWS[engine]
         if engine in BF16_PANEL_ENGINES:
