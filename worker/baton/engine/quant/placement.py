@@ -57,11 +57,11 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # decodes (contexts of 300) 49.3 -> 39.9 ms a step, 32 decodes 96.0 -> 64.4 ms
 # (bench/results/mixed_steps.xeon.decode_panels.json).
 # AVX2's int8 products (native/quant_int8_avx2.h, CPUs without AVX512-VNNI) on a Zen 3 core
-# against the int16 kernels, one thread: slower at 1 row (10.8-13.6 ms against 8.2-13.2),
-# even at 2, faster from 3 (4 rows 16.6 against 18.4-18.7, 8 rows 26.8 against 36.9, 32 rows
-# 86-90 against 134-170, 256 rows 700-800 against 1,090-1,300; two threads: 8 rows 22.1-22.2
-# against 28.8-33.1). The LM head (Q8_0) gains least: its signed bytes take a widening
-# per chunk.
+# against the int16 kernels, one thread: slower at 1 row (11.2 ms against 8.4), even at 2
+# (13.8 against 13.5), faster from 4 (16.8 against 22.3; 8 rows 26.3 against 32.5, 32 rows
+# 86.1 against 125.9, 256 rows 723 against 1,143;
+# bench/results/quant_products.zen3.avx2_int8.json). The LM head (Q8_0) gains least: its
+# signed bytes take a widening per chunk.
 PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 2, "avx2_int8": 2}
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
