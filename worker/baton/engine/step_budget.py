@@ -210,9 +210,10 @@ class StepCosts:
         Medians, because one slow step (a neighbour process taking the core, a page fault)
         among a few at one size tilted the line: calibration on a busy 2-core machine
         once measured one stream as slow as four, and the flat fit priced eight decodes
-        as one."""
+        as one. Read from a snapshot: a worker's state answers from another thread than the
+        engine's, whose steps append to the window meanwhile."""
         by_batch: dict[int, list[float]] = {}
-        for b, t in self._decode_steps:
+        for b, t in tuple(self._decode_steps):
             by_batch.setdefault(b, []).append(t)
         if not by_batch:
             return None
