@@ -278,11 +278,6 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
 
 int baton_step_takes_prompts(void) { return 1; }
 #else
-#include <stdlib.h>
-#if defined(__AVX2__) && defined(__FMA__)
-#include "prompt_attention_avx2.h"
-#endif
-
 /* Without AVX-512: the same attention in portable C, float32 products only (a key or value
  * in bf16 widened exactly), each row's scores, softmax and value sums in turn; on AVX2 with
  * the keys laid out in tiles first (prompt_attention_avx2.h). Slower per
@@ -291,6 +286,10 @@ int baton_step_takes_prompts(void) { return 1; }
  * (without it such a step took torch's path, ~45 ms more on a Zen 3 core). Where torch's
  * attention is the faster for a step's chunks, native/prompt_attention.py's `choose` says so
  * and the step takes torch's path. Sums in float32. */
+#include <stdlib.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include "prompt_attention_avx2.h"
+#else /* without AVX2: one key at a time */
 
 /* Row i (position ctx - n + i), query head h: out = softmax(q k^T * scale) v over keys
  * 0..position. `scores`: ctx floats; `at`: ctx offsets, each key's row in k and v (found
@@ -330,18 +329,10 @@ static void prompt_attend_row_portable(const float *q, const void *k, const void
     for (int d = 0; d < dim; d++) out[d] /= total;
 }
 
-/* prompt_attention_run's contract on the portable kernel: 0, -1 for a shape or product it
- * does not take (bf16 products), -2 out of memory. */
-static int prompt_attention_portable(const float *q, int64_t q_stride, const void *k, const void *v, int kv_bf16,
-                                     const int32_t *table, int block_size, int n, int ctx, int num_heads,
-                                     int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
-    if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
-        num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx || bf16_products != PROMPT_FLOAT32)
-        return -1; /* the AVX-512 form's shapes, so a model runs natively on both or neither */
-#if defined(__AVX2__) && defined(__FMA__)
-    return prompt_attention_avx2(q, q_stride, k, v, kv_bf16, table, block_size, n, ctx, num_heads, num_kv_heads,
-                                 dim, scale, out);
-#endif
+/* prompt_attention_portable without AVX2: row by row, query head by query head. */
+static int prompt_attention_scalar(const float *q, int64_t q_stride, const void *k, const void *v, int kv_bf16,
+                                   const int32_t *table, int block_size, int n, int ctx, int num_heads,
+                                   int num_kv_heads, int dim, float scale, float *out) {
     const int group = num_heads / num_kv_heads;
     int failed = 0;
 #pragma omp parallel if ((int64_t)n * ctx * num_heads > 65536)
@@ -363,6 +354,24 @@ static int prompt_attention_portable(const float *q, int64_t q_stride, const voi
         free(at);
     }
     return failed ? -2 : 0;
+}
+#endif
+
+/* prompt_attention_run's contract on the portable kernel: 0, -1 for a shape or product it
+ * does not take (bf16 products), -2 out of memory. */
+static int prompt_attention_portable(const float *q, int64_t q_stride, const void *k, const void *v, int kv_bf16,
+                                     const int32_t *table, int block_size, int n, int ctx, int num_heads,
+                                     int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
+    if (dim % 16 || dim > PROMPT_MAX_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads ||
+        num_heads / num_kv_heads > PROMPT_TASK_ROWS || n < 1 || n > ctx || bf16_products != PROMPT_FLOAT32)
+        return -1; /* the AVX-512 form's shapes, so a model runs natively on both or neither */
+#if defined(__AVX2__) && defined(__FMA__)
+    return prompt_attention_avx2(q, q_stride, k, v, kv_bf16, table, block_size, n, ctx, num_heads, num_kv_heads,
+                                 dim, scale, out);
+#else
+    return prompt_attention_scalar(q, q_stride, k, v, kv_bf16, table, block_size, n, ctx, num_heads, num_kv_heads,
+                                   dim, scale, out);
+#endif
 }
 
 int baton_prompt_attention(const float *q, const void *k, const void *v, int kv_bf16, int n, int ctx, int num_heads,
