@@ -20,11 +20,9 @@ from baton.engine.sequence import Sequence
 from .conftest import PROMPTS, make_engine
 
 ENGINE_IDS = {"avx512_bf16": 1, "amx": 2}
-# the prompt attention the native step's chunks need is AVX-512 code; elsewhere such steps
-# stay on the torch path (the plan's own test below still runs)
+# the native step's chunks need the native library (every build has the prompt attention)
 needs_prompt_steps = pytest.mark.skipif(
-    build.load() is None or not build.load().baton_step_takes_prompts(),
-    reason="native library without prompt attention (no AVX-512): prompt steps run on the torch path")
+    build.load() is None, reason="native library unavailable: prompt steps run on the torch path")
 
 
 def _sequence(name: str, tokens: int, computed: int, first_block: int, block_size: int, seed: int) -> Sequence:
@@ -241,19 +239,18 @@ def test_malformed_prompt_rows_are_refused_before_the_native_call(starts, positi
 
 def test_plan_follows_the_library_the_heads_and_the_quantized_products():
     plan = prompt_steps.plan
-    assert plan(True, None, None, ENGINE_IDS, False).max_rows == math.inf
-    assert plan(True, None, None, ENGINE_IDS, False, setting="0").max_rows == 0
-    assert "no prompt attention" in plan(False, None, None, ENGINE_IDS, False).reason
-    refused = plan(True, "a shape it does not take", None, ENGINE_IDS, False)
+    assert plan(None, None, ENGINE_IDS, False).max_rows == math.inf
+    assert plan(None, None, ENGINE_IDS, False, setting="0").max_rows == 0
+    refused = plan("a shape it does not take", None, ENGINE_IDS, False)
     assert refused.max_rows == 0 and "shape" in refused.reason
-    amx = plan(True, None, DenseProducts(torch.bfloat16, 16, engine="amx"), ENGINE_IDS, True)
+    amx = plan(None, DenseProducts(torch.bfloat16, 16, engine="amx"), ENGINE_IDS, True)
     assert (amx.max_rows, amx.quant_engine, amx.quant_min_rows, amx.bf16_products) == (math.inf, 2, 16, True)
     # tiles through torch's GEMM were the faster from min_rows: those steps stay torch's
-    tiles = plan(True, None, DenseProducts(torch.float32, 256), ENGINE_IDS, False)
+    tiles = plan(None, DenseProducts(torch.float32, 256), ENGINE_IDS, False)
     assert (tiles.max_rows, tiles.quant_engine) == (256, prompt_steps.NO_ENGINE)
     assert prompt_steps.runs(tiles, 255, 10**9) and not prompt_steps.runs(tiles, 256, 1)
     # where torch's attention is the faster, long chunks' attention stays torch's
-    capped = plan(True, None, None, ENGINE_IDS, False, torch_attention_faster=True)
+    capped = plan(None, None, ENGINE_IDS, False, torch_attention_faster=True)
     assert prompt_steps.runs(capped, 600, prompt_steps.TORCH_ATTENTION_WORK)
     assert not prompt_steps.runs(capped, 600, prompt_steps.TORCH_ATTENTION_WORK + 1)
     assert prompt_steps.runs(amx, 4096, 10**9)

@@ -89,7 +89,6 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     for name in ENTRY_POINTS.values():
         getattr(lib, name).restype = ctypes.c_int
-    lib.baton_step_takes_prompts.restype = ctypes.c_int
     lib.baton_quant_kernel.restype = ctypes.c_char_p
     lib.baton_quant_dequantize_kernel.restype = ctypes.c_char_p
     lib.baton_quant_input_bytes.restype = ctypes.c_int64

@@ -102,7 +102,6 @@ def _prompt_plan(lib: ctypes.CDLL, model, kv_dtype: torch.dtype, quantized: list
                  bf16_products: bool, torch_attention_faster: bool) -> prompt_steps.PromptSteps:
     cfg = model.cfg
     return prompt_steps.plan(
-        bool(lib.baton_step_takes_prompts()),
         prompt_attention.supported(lib, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv_dtype),
         quantized[0].dense if quantized else None, PANEL_ENGINE_IDS, bf16_products, torch_attention_faster,
         os.environ.get("BATON_NATIVE_PROMPT_STEPS", "").strip())

@@ -276,7 +276,6 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
     return prompt_attention_run(&a);
 }
 
-int baton_step_takes_prompts(void) { return 1; }
 #else
 /* Without AVX-512: the same attention in portable C, float32 products only (a key or value
  * in bf16 widened exactly), each row's scores, softmax and value sums in turn; on AVX2 with
@@ -387,5 +386,4 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
                                      num_kv_heads, dim, scale, out, bf16_products);
 }
 
-int baton_step_takes_prompts(void) { return 1; }
 #endif

@@ -38,12 +38,11 @@ class PromptSteps:
     reason: str
 
 
-def plan(takes_prompts: bool, attention_unsupported: str | None, dense: DenseProducts | None,
+def plan(attention_unsupported: str | None, dense: DenseProducts | None,
          engine_ids: dict[str, int], bf16_products: bool, torch_attention_faster: bool = False,
          setting: str = "") -> PromptSteps:
-    """The plan for one model. `takes_prompts`: the library was built with the prompt
-    attention (every build since its portable form; AVX-512 lanes where the CPU has them);
-    `attention_unsupported`: why the kernel cannot take this model's
+    """The plan for one model (every build has the prompt attention: AVX-512 lanes, else its
+    portable form). `attention_unsupported`: why the kernel cannot take this model's
     heads, or None; `dense`: how the quantized weights' many-row products run (None for
     full-precision weights, or quantized ones without a dense path); `engine_ids`:
     native/quant.py's PANEL_ENGINE_IDS; `torch_attention_faster`: the torch path's prompt
@@ -55,8 +54,6 @@ def plan(takes_prompts: bool, attention_unsupported: str | None, dense: DensePro
 
     if setting == "0":
         return torch_path("BATON_NATIVE_PROMPT_STEPS=0")
-    if not takes_prompts:
-        return torch_path("the library has no prompt attention")
     if attention_unsupported is not None:
         return torch_path(f"prompt attention: {attention_unsupported}")
     work = TORCH_ATTENTION_WORK if torch_attention_faster else math.inf
