@@ -127,6 +127,23 @@ def test_an_overloaded_prefill_pool_keeps_its_workers():
     assert (best.prefill_workers, best.decode_workers) == (2, 1)
 
 
+def test_a_prefill_pool_near_saturation_keeps_its_workers():
+    """Measured by the controller of a 2-core machine (Zen 3) under long prompts: two prefill
+    workers at 0.97 of their supply predict a TTFT far past the objective. The requests waiting
+    for it hold decode KV, but counting that wait as decode load (4.9x capacity) made 1P2D,
+    prefill at 1.94, look better; the decode side is judged at the objective instead."""
+    load = sizing.FleetLoad(arrival_rate=0.2, input_len=1235, output_len=5.3, hit_rate=0.0,
+                            prefill_supply=127.6, step_intercept_s=0.042, step_per_seq_s=1e-4,
+                            kv_capacity_tokens=8192, exposed_transfer_s=0.003, ttft_slo_s=30.0,
+                            tpot_slo_s=2.0)
+    two, one = sizing.assess_split(load, 2, 1), sizing.assess_split(load, 1, 2)
+    assert 0.9 < two.prefill_utilisation < 1.0 < one.prefill_utilisation
+    assert load.ttft_slo_s < two.ttft_s < math.inf
+    assert two.decode_utilisation < 1.0 and two.headroom > one.headroom
+    best = sizing.best_fixed_split(load, 3)
+    assert (best.prefill_workers, best.decode_workers) == (2, 1)
+
+
 def test_elastic_sizes_respect_bounds():
     x, y = sizing.elastic_pool_sizes(_load(), 0.8, 0.8, (1, 100), (1, 100))
     assert x == sizing.prefill_pool_size(20, 2000, 0.3, 20_000, 0.8)

@@ -284,10 +284,13 @@ class _SplitModel:
         load = self.load
         rho_p = self.demand / (x * load.prefill_supply) if x > 0 else math.inf
         ttft = predicted_ttft(self.service, rho_p, load.exposed_transfer_s) if x > 0 else math.inf
-        # An overloaded prefill pool (infinite TTFT) is fixed by x, not by more decode: size the
-        # decode side at the TTFT objective, or every split ties at infinite decode load and
-        # the tie (fewest prefill workers) would take a prefill worker from the overloaded pool.
-        decode_ttft = ttft if math.isfinite(ttft) else load.ttft_slo_s
+        # A prefill pool past the TTFT objective is fixed by x, not by more decode: size the
+        # decode side at most at the objective. At infinity every split would tie at infinite
+        # decode load, and the tie (fewest prefill workers) takes a worker from the overloaded
+        # pool; just short of saturation the prompts' wait (161 s at 0.97 on a 2-core machine)
+        # counted as decode load (4.9x its capacity) and made an overloaded split (prefill at
+        # 1.94) look better than the one nearly keeping up.
+        decode_ttft = min(ttft, load.ttft_slo_s)
         if y <= 0 or x <= 0:
             concurrency, tpot = math.inf, math.inf
         else:
