@@ -43,10 +43,10 @@ LAYOUTS = {"baton-pd": ["--prefill", "1", "--decode", "1"], "baton-colocated-2":
 # that engine (--prompt-products; docs/benchmarks.md, "int16, not ggml's int8 inputs"), judged
 # against the same targets
 # "+prefill-idle": the prefill worker at SCHED_IDLE (--prefill-cpu-priority; server/cpu_priority.py)
-# "+tpot20", "+tpot25", "+tpot35": every worker's decodes paced to that objective, not the default
+# "+tpot20" ... "+tpot70": every worker's decodes paced to that objective, not the default
 VARIANTS = {"int8": ["--prompt-products=int8"], "bf16": ["--prompt-products=bf16"],
             "prefill-idle": ["--prefill-cpu-priority=idle"],
-            **{f"tpot{ms}": [f"--tpot-objective-ms={ms}"] for ms in (20, 25, 35)}}
+            **{f"tpot{ms}": [f"--tpot-objective-ms={ms}"] for ms in (20, 25, 35, 45, 50, 60, 70)}}
 # the targets, as (metric, ratio to vLLM, "<=" or ">=")
 TARGETS = {
     "baton-pd": [("p99_itl_ms", 1.0, "<="), ("output_throughput", 0.9, ">="), ("median_ttft_ms", 0.5, "<=")],
