@@ -208,6 +208,9 @@ def test_traffic_shifts_convert_a_worker_and_back(tmp_path, prefill_tp):
         assert_pool_sizes(urls, {"prefill": prefill_tp, "decode": 1})
         time.sleep(PERIOD_S)  # traffic keeps flowing over the new split
         phase1 = loads[0].finish()
+        # the split phase 1 asked for still stands: phase 2 must be what converts it back
+        assert worker_roles(urls).count("prefill") == 2, "\n".join(
+            f"{d['period']} {d['action']}: {d['explanation']}" for d in decisions(ctl))
 
         # Phase 2: short prompts, long outputs, many streams.
         short_specs = datasets.random_dataset(2000, 48, 96, seed=2, range_ratio=0.5)
