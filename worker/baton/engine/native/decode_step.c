@@ -208,8 +208,9 @@ static inline void exp_shifted_into(float *p, int n, float shift, float *total) 
 }
 
 /* out = silu(gate) * up over one row of float32, silu(x) = x / (1 + e^-x) as torch computes
- * it; e^-x by prompt_exp (about one ulp from the exact value, as torch's vectorized exp is)
- * where the CPU has AVX-512. */
+ * it; e^-x by prompt_exp, or prompt_exp8 on AVX2 (about one ulp from the exact value, as
+ * torch's vectorized exp is). libm's expf one value at a time took 6% of a 256-token prompt's
+ * step on a Zen 3 core (perf). */
 static void silu_and_mul_row_f32(const float *gate, const float *up, int width, float *out) {
     int i = 0;
 #if defined(__AVX512F__)
@@ -221,6 +222,14 @@ static void silu_and_mul_row_f32(const float *gate, const float *up, int width, 
         const __mmask16 over = _mm512_cmp_ps_mask(minus, top, _CMP_GT_OQ);
         const __m512 e = _mm512_mask_mov_ps(prompt_exp(_mm512_min_ps(minus, top)), over, infinite);
         _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(88.0f), infinite = _mm256_set1_ps(INFINITY);
+    for (; i + 8 <= width; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i), minus = _mm256_sub_ps(_mm256_setzero_ps(), g);
+        const __m256 over = _mm256_cmp_ps(minus, top, _CMP_GT_OQ);
+        const __m256 e = _mm256_blendv_ps(prompt_exp8(_mm256_min_ps(minus, top)), infinite, over);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
 #endif
     for (; i < width; i++) out[i] = (gate[i] / (1.0f + expf(-gate[i]))) * up[i];
