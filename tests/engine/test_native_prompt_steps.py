@@ -179,7 +179,9 @@ def test_decode_only_steps_of_many_rows_take_the_panel_products_too():
     runner, native = engine.runner, engine.runner.native
     if native is None or native.prompts.quant_engine == prompt_steps.NO_ENGINE:
         pytest.skip("no panel engine for quantized products here: every product runs on the int16 kernels")
-    rows = native.prompts.quant_min_rows
+    # at least eight: the int8 engine on AVX2 takes panels from 2 rows, and over two streams
+    # the mean gap moved from 0.21% to 0.41% of the logits with SwiGLU's exp a few ulps apart
+    rows = max(native.prompts.quant_min_rows, 8)
     decodes = [_sequence(f"d{i}", n, n - 1, 12 * i, runner.block_size, 40 + i)
                for i, n in enumerate(range(20, 20 + 9 * rows, 9))]
     batch = ScheduledBatch(decodes=decodes)
