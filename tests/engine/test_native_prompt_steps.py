@@ -171,7 +171,7 @@ def test_mixed_step_in_other_precisions_stays_near_the_torch_path(settings, logi
 
 
 def test_decode_only_steps_of_many_rows_take_the_panel_products_too():
-    """A step of decodes alone, as many as the panel engine's rows (10 on AMX tiles), runs
+    """A step of decodes alone, at least as many as the panel engine's rows (10 on AMX tiles), runs
     its quantized products there as a step with a prompt chunk does (one core of a Xeon with
     AMX, bench/mixed_steps.py: 16 decodes 49.3 -> 39.9 ms, 32 decodes 96.0 -> 64.4 ms against
     the int16 kernels), and its logits stay near the torch path's, which takes the same engine."""

@@ -115,6 +115,11 @@ def decisions(ctl: str) -> list[dict]:
     return httpx.get(f"{ctl}/decisions", timeout=10).json()["decisions"]
 
 
+def decision_lines(ctl: str) -> str:
+    """The controller's decisions so far, a line each: what a failure shows."""
+    return "\n".join(f"{d['period']} {d['action']}: {d['explanation']}" for d in decisions(ctl))
+
+
 def wait_for_roles(up: UpProcess, urls: list[str], ctl: str, prefill: int, timeout_s: float) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -122,9 +127,8 @@ def wait_for_roles(up: UpProcess, urls: list[str], ctl: str, prefill: int, timeo
         if roles.count("prefill") == prefill and roles.count("decode") == len(urls) - prefill:
             return time.time()
         time.sleep(1.0)
-    lines = "\n".join(f"{d['period']} {d['action']}: {d['explanation']}" for d in decisions(ctl))
     raise AssertionError(f"roles {worker_roles(urls)} after {timeout_s:.0f}s, wanted {prefill} prefill\n"
-                         f"{lines}\n{up.output()}")
+                         f"{decision_lines(ctl)}\n{up.output()}")
 
 
 def assert_pool_sizes(urls: list[str], sizes: dict[str, int]) -> None:
@@ -209,8 +213,7 @@ def test_traffic_shifts_convert_a_worker_and_back(tmp_path, prefill_tp):
         time.sleep(PERIOD_S)  # traffic keeps flowing over the new split
         phase1 = loads[0].finish()
         # the split phase 1 asked for still stands: phase 2 must be what converts it back
-        assert worker_roles(urls).count("prefill") == 2, "\n".join(
-            f"{d['period']} {d['action']}: {d['explanation']}" for d in decisions(ctl))
+        assert worker_roles(urls).count("prefill") == 2, decision_lines(ctl)
 
         # Phase 2: short prompts, long outputs, many streams.
         short_specs = datasets.random_dataset(2000, 48, 96, seed=2, range_ratio=0.5)
