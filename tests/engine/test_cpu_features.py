@@ -197,6 +197,17 @@ def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside
         assert chosen.dtype == torch.float32 and chosen.min_rows == DENSE_MIN_ROWS[torch.float32]
 
 
+@pytest.mark.parametrize("int16_kernel, engine", [("avx2", "avx2_int8"), ("avx512", ""), ("vnni512", "")])
+def test_a_library_built_for_avx2_on_an_avx512_cpu_chooses_as_an_avx2_cpu_would(int16_kernel, engine):
+    """The choice between AVX2's int8 products and the int16 kernels follows the int16
+    kernels the library holds, not the CPU's flags: BATON_NATIVE_MARCH=x86-64-v3 on a
+    Skylake-X runs what a Zen 3 runs (its int16 kernels are AVX2's too)."""
+    chosen, why = dense_products(parse_cpuinfo(SKYLAKE_X, "x86_64"), torch.float32, "auto", engines=["avx2_int8"],
+                                 int16_kernel=int16_kernel)
+    assert chosen.engine == engine
+    assert ("int8 on AVX2" in why) == bool(engine)
+
+
 @pytest.mark.parametrize("engines, products, message", [
     (["avx512_bf16"], "int8", r"needs AVX512-VNNI \(avx512_vnni\) or AVX2.*panel engines are \['avx512_bf16'\]"),
     ([], "int8", "panel engines are none"),

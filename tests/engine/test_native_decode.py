@@ -262,7 +262,7 @@ def _mkl_decoder(engine, monkeypatch) -> NativeDecoder:
     """A second decoder on the engine's model and pool, with MKL's bf16 products."""
     runner = engine.runner
     if runner.native.packed is None and not runner.native.bf16_dot:
-        pytest.skip("this CPU has neither AMX nor AVX512-BF16: MKL's is its only bf16 product")
+        pytest.skip("this CPU or its library has neither AMX nor AVX512-BF16: MKL's is its only bf16 product")
     monkeypatch.setenv("BATON_NATIVE_PACKED", "0")
     monkeypatch.setenv("BATON_NATIVE_DOT", "0")
     mkl = NativeDecoder.build(runner.model, runner.kv_caches, runner.device, runner.dtype)

@@ -5,13 +5,10 @@ dispatch. An engine the CPU or the OS does not give is skipped, naming why."""
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 import pytest
 import torch
 
-from baton.engine.cpu_features import this_cpu
 from baton.engine.native import build
 from baton.engine.native import quant as native_quant
 from baton.engine.quant.formats import FORMATS
@@ -109,10 +106,9 @@ def test_the_weight_sends_many_rows_to_its_engine_and_few_to_the_int16_kernels(l
 
 
 def test_a_library_built_without_bf16_instructions_says_so_and_refuses():
-    if platform.machine() != "x86_64" or not {"avx512f", "avx512bw"} <= this_cpu().flags:
-        pytest.skip("needs a CPU that runs -march=x86-64-v4 code")
-    flags = ["-march=x86-64-v4" if flag == "-march=native" else flag for flag in build.FLAGS]
-    lib = build.open_library(build.build_library(build.cache_dir(), flags))
+    if missing := build.missing_for("x86-64-v4"):
+        pytest.skip(f"needs a CPU that runs -march=x86-64-v4 code (this one lacks {', '.join(missing)})")
+    lib = build.library_for("x86-64-v4")
     # x86-64-v4 has neither AVX512-BF16 nor AVX512-VNNI: its int8 products are AVX2's
     assert native_quant.panel_engines(lib) == ["avx2_int8"]
     w = native_weight(lib, [("Q4_0", random_rows(FORMATS["Q4_0"], 16, 64, seed=9))])

@@ -4,13 +4,10 @@ x86 CPUs: a CPU without AVX-512 or AVX2 gets those)."""
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 import pytest
 import torch
 
-from baton.engine.cpu_features import this_cpu
 from baton.engine.native import build
 from baton.engine.native import quant as native_quant
 from baton.engine.quant import weight as weight_module
@@ -20,24 +17,15 @@ from baton.engine.quant.weight import DenseProducts, QuantizedTensor, QuantizedW
 
 from .quant_data import random_rows
 
-# -march level -> (kernel it must compile to, CPU flags it needs to run)
-VARIANTS = {
-    "x86-64": ("scalar", ()),
-    "x86-64-v3": ("avx2", ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm")),
-    "x86-64-v4": ("avx512", ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "avx512f", "avx512bw",
-                             "avx512cd", "avx512dq", "avx512vl")),
-}
+# -march level (native/build.py's LEVEL_FLAGS) -> the kernel it must compile to
+VARIANTS = {"x86-64": "scalar", "x86-64-v3": "avx2", "x86-64-v4": "avx512"}
 
 
 def _variant(march: str):
-    if platform.machine() != "x86_64":
-        pytest.skip("the portable variants are x86 builds")
-    kernel, needs = VARIANTS[march]
-    missing = [flag for flag in needs if flag not in this_cpu().flags]
-    if missing:
+    if missing := build.missing_for(march):
         pytest.skip(f"this CPU lacks {', '.join(missing)} for -march={march}")
-    flags = [f"-march={march}" if flag == "-march=native" else flag for flag in build.FLAGS]
-    lib = build.open_library(build.build_library(build.cache_dir(), flags))
+    lib = build.library_for(march)
+    kernel = VARIANTS[march]
     assert native_quant.kernel_name(lib) == kernel
     assert native_quant.dequantize_kernel_name(lib) == kernel
     return lib

@@ -158,7 +158,8 @@ def test_auto_keeps_float32_activations_and_prompts_take_the_cpus_fast_dtype(sma
     native_dtype = fast if native_attention.takes_bf16(lib) else torch.float32
     assert getattr(engine.runner.ops, "prompt_attention_dtype", torch.float32) == (native_dtype if native else fast)
     assert ("prompt attention native" in caplog.text) == native
-    products, _ = dense_products(this_cpu(), torch.float32, "auto", engines=native_quant.panel_engines(lib))
+    products, _ = dense_products(this_cpu(), torch.float32, "auto", engines=native_quant.panel_engines(lib),
+                                 int16_kernel=native_quant.kernel_name(lib))
     assert products.dtype == fast
     if products.engine:  # a CPU that multiplies bf16 or int8: weights unpacked inside the products, no copy
         assert ENGINE_NAMES[products.engine] in engine.runner.quantization

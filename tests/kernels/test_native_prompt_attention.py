@@ -48,8 +48,7 @@ def portable_lib():
     """The library built for any x86-64 CPU: the attention's portable C form without AVX2."""
     if platform.machine() != "x86_64":
         pytest.skip("the portable build is an x86 one")
-    flags = ["-march=x86-64" if flag == "-march=native" else flag for flag in build.FLAGS]
-    return build.open_library(build.build_library(build.cache_dir(), flags))
+    return build.library_for("x86-64")
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])

@@ -5,6 +5,12 @@ the flags, the torch build and the CPU, and links to torch's own libtorch_cpu fo
 (so its products are the ones torch computes). Anything missing (no compiler, a torch
 without MKL's sgemm_) makes `load()` return None with the reason, and the engine keeps its
 torch path.
+
+It is built for this CPU (-march=native) unless BATON_NATIVE_MARCH names one of the x86-64
+levels (x86-64, x86-64-v2, x86-64-v3: AVX2, x86-64-v4: AVX-512 without VNNI or BF16): the
+kernels an older CPU runs, on this one (a native build that misbehaves on an unusual CPU or
+VM, a path to compare; the tests run the AVX2 and AVX-512F kernels so on CPUs that have more).
+A level this CPU cannot run is refused, naming the flags it lacks.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -20,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from baton.engine.cpu_features import this_cpu
 
 SOURCE = Path(__file__).with_name("decode_step.c")
 # every header beside the source is part of what the library is built from (and named by)
@@ -31,6 +40,15 @@ ENTRY_POINTS = {(torch.float32, torch.float32): "baton_decode_step_f32",
                 (torch.float32, torch.bfloat16): "baton_decode_step_f32_kvbf16",
                 (torch.bfloat16, torch.bfloat16): "baton_decode_step_bf16"}
 TORCH_LIB = Path(torch.__file__).parent / "lib"  # libtorch_cpu, with the MKL torch uses
+MARCH_ENV = "BATON_NATIVE_MARCH"
+# the x86-64 levels a build may target instead of this CPU, and the CPU flags each needs
+LEVEL_FLAGS = {
+    "x86-64": (),
+    "x86-64-v2": ("ssse3", "sse4_1", "sse4_2", "popcnt", "cx16", "lahf_lm"),
+    "x86-64-v3": ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"),
+    "x86-64-v4": ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "avx512f", "avx512bw", "avx512cd",
+                  "avx512dq", "avx512vl"),
+}
 
 
 def cache_dir() -> Path:
@@ -50,11 +68,43 @@ def cpu_identity() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        import platform
-
         return platform.machine() + platform.processor()
     wanted = ("model name", "flags", "Features", "CPU part")
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+
+
+def level_flags(level: str) -> list[str]:
+    """FLAGS for the x86-64 `level` instead of this CPU ("native": FLAGS themselves)."""
+    if level == "native":
+        return list(FLAGS)
+    if level not in LEVEL_FLAGS:
+        raise ValueError(f"{MARCH_ENV} is native or one of {', '.join(LEVEL_FLAGS)}, not {level!r}")
+    return [f"-march={level}" if flag == "-march=native" else flag for flag in FLAGS]
+
+
+def missing_for(level: str) -> list[str]:
+    """The CPU flags this CPU lacks to run code built for `level` (x86 only)."""
+    if platform.machine() != "x86_64":
+        return [f"an x86-64 CPU (this is {platform.machine()})"]
+    have = this_cpu().flags
+    return [flag for flag in LEVEL_FLAGS[level] if flag not in have]
+
+
+def chosen_level() -> str:
+    """What the library is built for: BATON_NATIVE_MARCH's level, else native. A level
+    this CPU cannot run, or a name that is none, is refused (ValueError): a worker told to
+    run older kernels must not quietly run others, or torch's."""
+    level = os.environ.get(MARCH_ENV, "").strip() or "native"
+    level_flags(level)
+    if level != "native" and (missing := missing_for(level)):
+        raise ValueError(f"{MARCH_ENV}={level}: this CPU cannot run that code, it lacks {', '.join(missing)}")
+    return level
+
+
+def describe() -> str:
+    """The build the engine runs, for its log."""
+    level = chosen_level()
+    return "built for this CPU" if level == "native" else f"built for {level} ({MARCH_ENV})"
 
 
 def _compile(target: Path, flags: list[str]) -> None:
@@ -114,19 +164,26 @@ def open_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def library_for(level: str) -> ctypes.CDLL:
+    """The library built for the x86-64 `level` ("native": this CPU), compiled if missing,
+    whatever BATON_NATIVE_MARCH says (the tests compare the levels' kernels on one CPU)."""
+    return open_library(build_library(cache_dir(), level_flags(level)))
+
+
 @functools.cache
-def _load() -> tuple[ctypes.CDLL | None, str | None]:
+def _load(level: str) -> tuple[ctypes.CDLL | None, str | None]:
     try:
-        return open_library(build_library(cache_dir())), None
+        return library_for(level), None
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, str(exc)
 
 
 def load() -> ctypes.CDLL | None:
-    """The compiled library, or None when it cannot be built or loaded (see `failure()`)."""
-    return _load()[0]
+    """The compiled library (for `chosen_level()`), or None when it cannot be built or
+    loaded (see `failure()`)."""
+    return _load(chosen_level())[0]
 
 
 def failure() -> str | None:
     """Why `load()` returned None, if it did."""
-    return _load()[1]
+    return _load(chosen_level())[1]

@@ -205,7 +205,7 @@ class NativeDecoder:
             log.log(level, "decode steps use the torch path: %s", reason)
             return None
         decoder = cls(build.load(), model, kv_caches, dtype, comm, prompt_bf16, torch_attention_faster)
-        log.info("steps with prompt tokens: %s", decoder.prompts.reason)
+        log.info("native steps, %s; steps with prompt tokens: %s", build.describe(), decoder.prompts.reason)
         return decoder
 
     def _reserve(self, rows: int) -> None:

@@ -133,13 +133,16 @@ def panel_engine(gemm: torch.dtype, asked_dtype: str, engines: tuple[str, ...] |
 
 
 def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
-                   engines: tuple[str, ...] | list[str] = (), asked_products: str = "auto") -> tuple[DenseProducts, str]:
+                   engines: tuple[str, ...] | list[str] = (), asked_products: str = "auto",
+                   int16_kernel: str | None = None) -> tuple[DenseProducts, str]:
     """How a CPU's many-row products run, and why (see `prompt_dtype`, `panel_engine`).
     `engines`: the native library's panel engines here, fastest last (native/quant.py's
-    `panel_engines`). `asked_products`: the prompt products setting (PROMPT_PRODUCTS)."""
+    `panel_engines`). `asked_products`: the prompt products setting (PROMPT_PRODUCTS).
+    `int16_kernel`: the library's int16 kernels (KERNELS), where it is known; else what the
+    CPU's flags would build (a library built for an older level runs AVX2's on any CPU)."""
     gemm, why = prompt_dtype(cpu, dtype, asked_dtype)
-    engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products,
-                                      int16_on_avx512="avx512bw" in cpu.flags)
+    on_avx512 = int16_kernel in ("avx512", "vnni512") if int16_kernel else "avx512bw" in cpu.flags
+    engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products, int16_on_avx512=on_avx512)
     if engine:
         rows = PANEL_MIN_ROWS[engine]
         if engine in BF16_PANEL_ENGINES:
@@ -219,13 +222,13 @@ def place_quantized(model, device: torch.device, setting: str, dtype: torch.dtyp
             how = f"tiles dequantized with torch (slow: native library unavailable: {build.failure()})"
         else:
             dense, dense_why = dense_products(this_cpu(), dtype, asked_dtype, engines=panel_engines(lib),
-                                              asked_products=asked_products)
+                                              asked_products=asked_products, int16_kernel=kernel_name(lib))
             for w in weights:
                 w.use_native(lib, dense)
             pages = gather_into_huge_pages(weights)
             name = kernel_name(lib)
             tiles = "" if dense.engine else f"tiles dequantized ({dequantize_kernel_name(lib)}), "
-            how = (f"native {name} kernels ({KERNELS.get(name, name)}) on {this_cpu().describe()}; "
+            how = (f"native {name} kernels ({KERNELS.get(name, name)}; {build.describe()}) on {this_cpu().describe()}; "
                    f"prompt chunks: {tiles}{dense_why}; {pages}")
     log.info("quantization %s: the checkpoint's blocks, held quantized (%s; %.0f MB); products: %s",
              setting, held, megabytes, how)
