@@ -22,13 +22,15 @@ def test_it_matches_the_torch_path(lib, rows, width):
 
 
 def test_the_tails_of_the_sigmoid(lib):
-    gate = torch.tensor([-1e4, -200.0, -88.5, -87.0, -20.0, -1e-30, 0.0, 1e-30, 20.0, 87.0, 88.5, 200.0, 1e4,
+    gate = torch.tensor([-1e4, -200.0, -88.5, -87.5, -87.0, -20.0, -1e-30, 0.0, 1e-30, 20.0, 87.0, 88.5, 200.0, 1e4,
                          float("inf"), -float("inf"), 3.0])
     x = torch.cat((gate, torch.full_like(gate, 2.0)))[None]
     got = silu_and_mul_op(lib, ref.silu_and_mul)(x)[0]
     want = ref.silu_and_mul(x)[0]  # torch's float32: e^-x is infinite from x = -88.7
     finite = torch.isfinite(gate)
-    torch.testing.assert_close(got[finite], want[finite], rtol=4e-7, atol=1e-36)
+    # past x = -87 the AVX-512 form's sigmoid is 0 (its reciprocal would leave float's normal
+    # range) where torch's is under 2e-38: here silu * up differs by under 4e-36
+    torch.testing.assert_close(got[finite], want[finite], rtol=4e-7, atol=1e-35)
     assert got[gate == float("inf")].item() == float("inf")
     assert torch.isnan(got[gate == -float("inf")]).all() and torch.isnan(want[gate == -float("inf")]).all()
 
