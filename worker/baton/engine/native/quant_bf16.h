@@ -138,21 +138,25 @@ static void bf16_panel(const uint8_t *group, const QuantFormat *f, int nb, uint1
 /* x[rows, k] float32 -> bf16 tiles (round to nearest even): the tile of rows 16t..16t+15
  * and block b at out + (t * nb + b) * BF16_TILE_VALUES, 16 rows of 32 values, each 4 as
  * x0 x2 x1 x3; rows past `rows` zero. Contiguous tiles stream from L2 in order, where rows
- * of the matrix would be 16 strided streams. */
-static void bf16_inputs(const float *x, int rows, int padded, int k, uint16_t *out) {
+ * of the matrix would be 16 strided streams. This is row r's part. */
+static void bf16_input_row(const float *x, int rows, int64_t r, int k, uint16_t *out) {
     const __m512i order = _mm512_set_epi16(31, 29, 30, 28, 27, 25, 26, 24, 23, 21, 22, 20, 19, 17, 18, 16,
                                            15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
     const int nb = k / QUANT_BLOCK;
-    for (int64_t r = 0; r < padded; r++) {
-        uint16_t *o = out + (r / 16) * nb * BF16_TILE_VALUES + (r % 16) * QUANT_BLOCK;
-        const float *v = x + r * k;
-        for (int b = 0; b < nb; b++, o += BF16_TILE_VALUES) {
-            if (r >= rows) { memset(o, 0, sizeof(uint16_t) * QUANT_BLOCK); continue; }
-            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + b * QUANT_BLOCK + 16),
-                                                              _mm512_loadu_ps(v + b * QUANT_BLOCK));
-            _mm512_storeu_si512(o, _mm512_permutexvar_epi16(order, both));
-        }
+    uint16_t *o = out + (r / 16) * nb * BF16_TILE_VALUES + (r % 16) * QUANT_BLOCK;
+    const float *v = x + r * k;
+    for (int b = 0; b < nb; b++, o += BF16_TILE_VALUES) {
+        if (r >= rows) { memset(o, 0, sizeof(uint16_t) * QUANT_BLOCK); continue; }
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + b * QUANT_BLOCK + 16),
+                                                          _mm512_loadu_ps(v + b * QUANT_BLOCK));
+        _mm512_storeu_si512(o, _mm512_permutexvar_epi16(order, both));
     }
+}
+
+/* Every row to `padded` (a multiple of 16); bit for bit the same on any thread count. */
+static void bf16_inputs(const float *x, int rows, int padded, int k, uint16_t *out) {
+#pragma omp parallel for schedule(static) if (rows >= SHARED_INPUT_ROWS)
+    for (int64_t r = 0; r < padded; r++) bf16_input_row(x, rows, r, k, out);
 }
 
 /* Sums of one 16-row output tile, its `valid` columns copied to out (row stride n). */

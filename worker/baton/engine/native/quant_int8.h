@@ -333,11 +333,6 @@ static void int8_groups(const QuantGroup group[2], int count, uint8_t *panels, c
 #endif
 
 #if QUANT_INT8
-/* From this many input rows, rounding them to int8 runs on every thread: a 256-token
- * prompt's took 6.5% of its step on a Zen 5 core, serial before the products' threads start
- * (perf); a decode step's few rows are not worth starting the threads for. */
-#define INT8_SHARED_INPUT_ROWS 32
-
 static int64_t int8_scratch_bytes(int rows, int k) {
     return (int64_t)rows * k + (int64_t)rows * (k / QUANT_BLOCK) * 8 + (int64_t)rows * INT8_OUTLIERS * (int64_t)sizeof(Int8Outlier) +
            (int64_t)k * 4 + (int64_t)(k / QUANT_BLOCK) * 4 + 64;
@@ -355,7 +350,7 @@ static int int8_product(const QuantMatrix *w, const float *x, int rows, float *o
     float *amax = rest + k;
     in.q = (int8_t *)(amax + nb);
     int failed = 0;
-    if (rows < INT8_SHARED_INPUT_ROWS) {
+    if (rows < SHARED_INPUT_ROWS) {
         int8_inputs(x, rows, k, rest, amax, &in);
     } else { /* the rows rounded by every thread, each into its own rest and amax */
         const size_t own_bytes = ((size_t)(k + nb) * sizeof(float) + 63) & ~(size_t)63;
