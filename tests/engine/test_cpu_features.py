@@ -8,6 +8,7 @@ import torch
 from baton.engine.config import EngineConfig
 from baton.engine.cpu_features import auto_cpu_dtype, parse_cpuinfo, this_cpu
 from baton.engine.quant.placement import (
+    AMX_MIN_ROWS_BESIDE_INT8,
     DENSE_MIN_ROWS,
     ENGINE_NAMES,
     INT8_PANEL_ENGINES,
@@ -166,6 +167,8 @@ def test_prompt_products_on_quantized_weights_use_the_cpus_fast_gemm(text, dtype
 @pytest.mark.parametrize("text, engines, dtype, asked, products, engine", [
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "auto", "auto", "amx"),  # auto: the fastest
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.bfloat16, "bfloat16", "auto", "amx"),
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "amx"], torch.float32, "auto", "auto", "amx"),  # no int8 beside: AMX from 10
+    (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni", "amx"], torch.float32, "auto", "bf16", "amx"),  # bf16 asked: AMX only
     (SAPPHIRE_RAPIDS, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "auto", "avx512_vnni"),  # the OS refused AMX
     (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "auto", "avx512_vnni"),  # no AMX: int8
     (ZEN4, ["avx512_bf16", "avx512_vnni"], torch.float32, "auto", "bf16", "avx512_bf16"),  # bf16 asked for
@@ -189,12 +192,20 @@ def test_with_panel_engines_in_the_library_prompt_products_unpack_weights_inside
     chosen, why = dense_products(parse_cpuinfo(text, "x86_64"), dtype, asked, engines=engines,
                                  asked_products=products)
     assert chosen.engine == engine
+    # beside AMX tiles, auto runs a few rows in int8 where the library has it (and the tiles from more)
+    beside = engine == "amx" and products == "auto" and "avx512_vnni" in engines
+    assert chosen.few_rows_engine == ("avx512_vnni" if beside else "")
     if engine:
-        assert chosen.min_rows == PANEL_MIN_ROWS[engine] and ENGINE_NAMES[engine] in why
-        assert ("int8" if engine in INT8_PANEL_ENGINES else "bfloat16") in why
-        assert PANEL_MIN_ROWS[engine] < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
+        assert chosen.min_rows == (AMX_MIN_ROWS_BESIDE_INT8 if beside else PANEL_MIN_ROWS[engine])
+        assert ENGINE_NAMES[engine] in why and ("int8" if engine in INT8_PANEL_ENGINES else "bfloat16") in why
+        assert chosen.min_rows < DENSE_MIN_ROWS[torch.bfloat16]  # no pass over the matrix: pays from fewer rows
     else:
         assert chosen.dtype == torch.float32 and chosen.min_rows == DENSE_MIN_ROWS[torch.float32]
+    if beside:
+        assert "from 2 to 12 rows int8 on AVX512-VNNI" in why
+        assert [chosen.route(rows) for rows in (1, 2, 12, 13)] == [None, "avx512_vnni", "avx512_vnni", "amx"]
+    elif engine:
+        assert [chosen.route(rows) for rows in (chosen.min_rows - 1, chosen.min_rows)] == [None, engine]
 
 
 @pytest.mark.parametrize("int16_kernel, engine", [("avx2", "avx2_int8"), ("avx512", ""), ("vnni512", "")])

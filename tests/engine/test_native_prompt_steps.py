@@ -12,6 +12,7 @@ import torch
 
 from baton.engine import SamplingParams
 from baton.engine.native import build, prompt_steps
+from baton.engine.native import quant as native_quant
 from baton.engine.native.quant import PANEL_ENGINE_IDS
 from baton.engine.quant.weight import DenseProducts
 from baton.engine.scheduler import ScheduledBatch
@@ -154,10 +155,11 @@ def test_fp32_mixed_step_over_a_bf16_cache_is_as_close_as_the_decode_step():
 ])
 def test_mixed_step_in_other_precisions_stays_near_the_torch_path(settings, logits_mean, kv_mean):
     engine = make_engine(num_kv_blocks=128, **settings)
-    if engine.runner.native.prompts.quant_engine in (PANEL_ENGINE_IDS["avx512_vnni"], PANEL_ENGINE_IDS["avx2_int8"]):
-        # int8 products (`auto` where no AMX tiles are): the attentions' bf16 difference moves
-        # some inputs across an int8 step of their block (seen on a Xeon: logits 0.047 apart
-        # on average, at most 0.34; K/V 1.0e-2 and 0.20)
+    steps = engine.runner.native.prompts
+    if {steps.quant_engine, steps.few_engine} & {PANEL_ENGINE_IDS["avx512_vnni"], PANEL_ENGINE_IDS["avx2_int8"]}:
+        # int8 products (`auto` where no AMX tiles are, and beside them on a few rows): the
+        # attentions' bf16 difference moves some inputs across an int8 step of their block
+        # (seen on a Xeon: logits 0.047 apart on average, at most 0.34; K/V 1.0e-2 and 0.20)
         logits_mean, kv_mean = max(logits_mean, 0.1), max(kv_mean, 2.5e-2)
     native_logits, torch_logits, native_kv, torch_kv = _both_paths(engine)
     native_top, torch_top = native_logits.argmax(-1), torch_logits.argmax(-1)
@@ -212,6 +214,37 @@ def test_decode_only_steps_of_many_rows_take_the_panel_products_too():
     assert on_panels.argmax(-1).eq(on_torch.float().argmax(-1)).sum() >= rows - 2
 
 
+def test_a_step_of_a_few_rows_takes_the_few_rows_engine_where_one_is_set():
+    """Beside AMX tiles products of a few rows run in int8 (quant/placement.py): the native
+    step's few-rows engine. Its rows from few_min_rows take that engine exactly as its main
+    engine would, and fewer rows stay on the int16 kernels."""
+    engine = make_engine(num_kv_blocks=256, dtype="auto", quantization="auto")
+    runner, native = engine.runner, engine.runner.native
+    if native is None or native.prompts.max_rows == 0:
+        pytest.skip("no native steps here")
+    int8 = [e for e in native_quant.panel_engines(native._lib) if e in ("avx512_vnni", "avx2_int8")]
+    if not int8:
+        pytest.skip("no int8 products in this library")
+    int8_id, none = PANEL_ENGINE_IDS[int8[-1]], prompt_steps.NO_ENGINE
+    decodes = [_sequence(f"d{i}", n, n - 1, 12 * i, runner.block_size, 40 + i) for i, n in enumerate((20, 29, 38, 47))]
+    _fill_contexts(runner, decodes)
+    plan = native.prompts
+
+    def logits(rows, **routes):
+        native.prompts = dataclasses.replace(plan, **routes)
+        try:
+            return runner.run(ScheduledBatch(decodes=decodes[:rows]))[1]
+        finally:
+            native.prompts = plan
+
+    int16 = {"quant_engine": none, "quant_min_rows": 0, "few_engine": none, "few_min_rows": 0}
+    few = {"quant_engine": none, "quant_min_rows": 10**6, "few_engine": int8_id, "few_min_rows": 2}
+    main = {"quant_engine": int8_id, "quant_min_rows": 2, "few_engine": none, "few_min_rows": 0}
+    assert torch.equal(logits(4, **few), logits(4, **main))
+    assert not torch.equal(logits(4, **few), logits(4, **int16)), "4 rows did not take the few-rows engine"
+    assert torch.equal(logits(1, **few), logits(1, **int16))  # below few_min_rows: the int16 kernels
+
+
 @needs_prompt_steps
 def test_chunked_generations_are_the_torch_paths(monkeypatch):
     prompts = [PROMPTS[0] * 6, *PROMPTS[1:4]]  # one prompt over several 32-token chunks
@@ -251,6 +284,11 @@ def test_plan_follows_the_library_the_heads_and_the_quantized_products():
     assert refused.max_rows == 0 and "shape" in refused.reason
     amx = plan(None, DenseProducts(torch.bfloat16, 16, engine="amx"), ENGINE_IDS, True)
     assert (amx.max_rows, amx.quant_engine, amx.quant_min_rows, amx.bf16_products) == (math.inf, 2, 16, True)
+    assert (amx.few_engine, amx.few_min_rows) == (prompt_steps.NO_ENGINE, 0)
+    beside = plan(None, DenseProducts(torch.bfloat16, 13, engine="amx", few_rows_engine="avx512_vnni", few_rows_from=2),
+                  {**ENGINE_IDS, "avx512_vnni": 3}, True)
+    assert (beside.quant_engine, beside.quant_min_rows, beside.few_engine, beside.few_min_rows) == (2, 13, 3, 2)
+    assert "of 2 to 12 rows on avx512_vnni" in beside.reason
     # tiles through torch's GEMM were the faster from min_rows: those steps stay torch's
     tiles = plan(None, DenseProducts(torch.float32, 256), ENGINE_IDS, False)
     assert (tiles.max_rows, tiles.quant_engine) == (256, prompt_steps.NO_ENGINE)

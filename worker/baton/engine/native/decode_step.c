@@ -92,8 +92,10 @@ typedef struct { /* scratch, each [rows, width] */
     void *quant_input;
     /* this step's products on quantized weights of quant_min_rows rows or more: on
      * a panel engine (quant_bf16.h's bf16 products or quant_int8.h's int8 ones), or with -1 on the
-     * int16 kernels, as are products of fewer rows (which read each weight byte once) */
-    int quant_engine, quant_min_rows;
+     * int16 kernels; those of few_min_rows rows up to quant_min_rows on few_engine where it is
+     * set (int8 beside AMX tiles), and the rest on the int16 kernels (which read each weight
+     * byte once) */
+    int quant_engine, quant_min_rows, few_engine, few_min_rows;
 } Workspace;
 
 typedef struct { /* a step's prompt chunks: its first rows, chunk c being rows starts[c] ..
@@ -246,8 +248,9 @@ static void linear_quant(const QuantMatrix *w, const float *x, int rows, int n, 
                          int bias_bf16, float *out, const Workspace *ws) {
     /* the engine was checked when chosen; a failure (out of memory for its panels) falls
      * back to the int16 kernels */
-    if (ws->quant_engine < 0 || rows < ws->quant_min_rows ||
-        baton_quant_product_panels(w, x, rows, out, ws->quant_input, ws->quant_engine))
+    const int engine = rows >= ws->quant_min_rows ? ws->quant_engine
+                       : rows >= ws->few_min_rows ? ws->few_engine : -1;
+    if (engine < 0 || baton_quant_product_panels(w, x, rows, out, ws->quant_input, engine))
         baton_quant_product(w, x, rows, out, ws->quant_input);
     if (!bias) return;
     for (int r = 0; r < rows; r++)

@@ -64,7 +64,8 @@ _WORKSPACE = ("residual", "normed", "qkv", "attn", "gate_up", "act", "out")
 
 class _Workspace(ctypes.Structure):
     _fields_ = [*[(name, _f32p) for name in _WORKSPACE], ("matmul_input", _voidp), ("quant_input", _voidp),
-                ("quant_engine", ctypes.c_int), ("quant_min_rows", ctypes.c_int)]
+                ("quant_engine", ctypes.c_int), ("quant_min_rows", ctypes.c_int),
+                ("few_engine", ctypes.c_int), ("few_min_rows", ctypes.c_int)]
 
 
 class _Prompts(ctypes.Structure):
@@ -168,7 +169,7 @@ class NativeDecoder:
                 *(_quant(w) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)))
         self._model.layers = self._layers
         self._rows = 0
-        self._workspace = _Workspace(quant_engine=prompt_steps.NO_ENGINE)
+        self._workspace = _Workspace(quant_engine=prompt_steps.NO_ENGINE, few_engine=prompt_steps.NO_ENGINE)
         self._buffers: dict[str, torch.Tensor] = {}
 
     def _all_reduce(self, pointer, count: int) -> None:
@@ -256,6 +257,7 @@ class NativeDecoder:
         ws = self._workspace
         ws.quant_engine = self.prompts.quant_engine  # decode-only steps too: the same products by their rows
         ws.quant_min_rows = self.prompts.quant_min_rows
+        ws.few_engine, ws.few_min_rows = self.prompts.few_engine, self.prompts.few_min_rows
         prompts = _Prompts(chunks, starts.ctypes.data, int(self.prompts.bf16_products))
         self._hook, self._hook_error = layer_hook, None
         self._model.layer_done = self._layer_done if layer_hook is not None else _LAYER_DONE()

@@ -36,6 +36,8 @@ class PromptSteps:
     quant_min_rows: int
     bf16_products: bool  # the chunks' attention on bf16 products
     reason: str
+    few_engine: int = NO_ENGINE  # the panel engine for products of few_min_rows rows up to quant_min_rows
+    few_min_rows: int = 0
 
 
 def plan(attention_unsupported: str | None, dense: DenseProducts | None,
@@ -63,9 +65,13 @@ def plan(attention_unsupported: str | None, dense: DenseProducts | None,
     if dense is None:
         return PromptSteps(math.inf, work, NO_ENGINE, 0, bf16_products, f"native, {attention}")
     if dense.engine:
+        few = (f", of {dense.few_rows_from} to {dense.min_rows - 1} rows on {dense.few_rows_engine}"
+               if dense.few_rows_engine else "")
         return PromptSteps(math.inf, work, engine_ids[dense.engine], dense.min_rows, bf16_products,
                            f"native, {attention}, quantized products of {dense.min_rows} rows or more "
-                           f"on {dense.engine}")
+                           f"on {dense.engine}{few}",
+                           engine_ids[dense.few_rows_engine] if dense.few_rows_engine else NO_ENGINE,
+                           dense.few_rows_from if dense.few_rows_engine else 0)
     # a dequantized tile times torch's GEMM: from that many rows the torch path's the faster
     return PromptSteps(dense.min_rows, work, NO_ENGINE, 0, bf16_products,
                        f"native below {dense.min_rows} rows (from there torch's {dense.dtype} GEMM on "

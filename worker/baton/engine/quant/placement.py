@@ -63,6 +63,14 @@ DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 # bench/results/quant_products.zen3.avx2_int8.json). The LM head (Q8_0) gains least: its
 # signed bytes take a widening per chunk.
 PANEL_MIN_ROWS = {"amx": 10, "avx512_bf16": 16, "avx512_vnni": 2, "avx2_int8": 2}
+# Beside AMX tiles, where the library has AVX512-VNNI's int8 products too (as on every Xeon
+# with AMX), `auto` runs products of 2 to 12 rows in int8: on one core of a Xeon with AMX
+# (family 6 model 167) the whole model's products took 8.1 / 9.2 / 12.9 / 15.3 / 16.1 /
+# 17.4 ms at 2 / 4 / 8 / 10 / 12 / 13 rows in int8, against 10.0 / 10.9 / 13.7 / 18.7 / 20.2
+# / 20.9 on the int16 kernels and 16.1-17.5 on the tiles, the faster from 13 rows
+# (bench/results/quant_products.xeon.int8_beside_amx.json). Their agreement is the int8
+# engine's (98.0% on such a Xeon with every row in int8, quant_quality.xeon.int8.json).
+AMX_MIN_ROWS_BESIDE_INT8 = 13
 # Input rows each pass of those products takes (native/quant_bf16.h's BF16_ROWS,
 # quant_int8.h's INT8_ROWS; AMX tiles of 16 rows): a step's rows are best a whole number of
 # them (step_budget.on_row_tiles).
@@ -144,13 +152,19 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
     on_avx512 = int16_kernel in ("avx512", "vnni512") if int16_kernel else "avx512bw" in cpu.flags
     engine, engine_why = panel_engine(gemm, asked_dtype, engines, asked_products, int16_on_avx512=on_avx512)
     if engine:
-        rows = PANEL_MIN_ROWS[engine]
+        rows, few = PANEL_MIN_ROWS[engine], ""
+        if engine == "amx" and asked_products == "auto" and "avx512_vnni" in engines:
+            rows, few = AMX_MIN_ROWS_BESIDE_INT8, "avx512_vnni"
         if engine in BF16_PANEL_ENGINES:
             how = f"bfloat16 on {ENGINE_NAMES[engine]}, dequantized inside the product"
         else:
             how = (f"int8 on {ENGINE_NAMES[engine]}, inputs rounded to int8 per block of 32 "
                    "(each row's 4 largest kept in float)")
-        return DenseProducts(gemm, rows, engine=engine), f"{how}, from {rows} rows: {engine_why or why}"
+        how = f"{how}, from {rows} rows: {engine_why or why}"
+        if few:
+            how += f"; from {PANEL_MIN_ROWS[few]} to {rows - 1} rows int8 on {ENGINE_NAMES[few]}, the faster there"
+        return DenseProducts(gemm, rows, engine=engine, few_rows_engine=few,
+                             few_rows_from=PANEL_MIN_ROWS[few] if few else 0), how
     rows = DENSE_MIN_ROWS[gemm]
     return DenseProducts(gemm, rows), f"{str(gemm).removeprefix('torch.')} GEMM from {rows} rows: {why}"
 
@@ -158,11 +172,12 @@ def dense_products(cpu: CpuInfo, dtype: torch.dtype, asked_dtype: str,
 def row_tiles(model) -> RowTiles | None:
     """How the model's many-row quantized products take a step's rows, where they run in
     passes of several rows (the panel engines); else None."""
-    engines = {w.dense.engine for w in quantized_weights(model) if w.dense is not None and w.dense.engine}
+    engines = {(w.dense.engine, w.dense.min_rows) for w in quantized_weights(model)
+               if w.dense is not None and w.dense.engine}
     if len(engines) != 1:
         return None
-    engine = engines.pop()
-    return RowTiles(PANEL_ROW_TILE[engine], PANEL_MIN_ROWS[engine])
+    engine, min_rows = engines.pop()
+    return RowTiles(PANEL_ROW_TILE[engine], min_rows)
 
 
 def gather_into_huge_pages(weights: list[QuantizedWeight]) -> str:

@@ -43,11 +43,24 @@ class DenseProducts:
     """Products of at least `min_rows` input rows run as dequantized tiles times a dense
     GEMM in `dtype` (its sums in float32, its output rounded to `dtype`), or with `engine`
     (native/quant.py's PANEL_ENGINES), each group of weight rows unpacked inside the product
-    (bf16 or int8 products, float32 sums and output)."""
+    (bf16 or int8 products, float32 sums and output). Products of `few_rows_from` rows up to
+    `min_rows` run on `few_rows_engine` where it is set (int8 beside AMX tiles), the rest on
+    the int16 kernels."""
 
     dtype: torch.dtype
     min_rows: int
     engine: str = ""
+    few_rows_engine: str = ""
+    few_rows_from: int = 0
+
+    def route(self, rows: int) -> str | None:
+        """Where a product of `rows` input rows runs: a panel engine's name, "" for the dense
+        GEMM, None for the int16 kernels."""
+        if rows >= self.min_rows:
+            return self.engine
+        if self.few_rows_engine and rows >= self.few_rows_from:
+            return self.few_rows_engine
+        return None
 
 
 @dataclass
@@ -190,8 +203,8 @@ class QuantizedWeight(nn.Module):
             from baton.engine.kernels.triton.quant_matmul import quant_matmul
 
             out = quant_matmul(x, self)
-        elif self._matrix is not None and self.dense is not None and x.shape[0] >= self.dense.min_rows:
-            out = self._panel_linear(x) if self.dense.engine else self._dense_linear(x)
+        elif self._matrix is not None and self.dense is not None and (route := self.dense.route(x.shape[0])) is not None:
+            out = self._panel_linear(x, route) if route else self._dense_linear(x)
         elif self._matrix is not None:
             from baton.engine.native import quant as native_quant
 
@@ -210,10 +223,10 @@ class QuantizedWeight(nn.Module):
             out[:, first : first + count] = x @ self.dequantize(first, count).to(x.dtype).t()
         return out
 
-    def _panel_linear(self, x: torch.Tensor) -> torch.Tensor:
+    def _panel_linear(self, x: torch.Tensor, engine: str) -> torch.Tensor:
         from baton.engine.native import quant as native_quant
 
-        return native_quant.product_panels(self._lib, self._matrix, x, self.shape[0], self.dense.engine)
+        return native_quant.product_panels(self._lib, self._matrix, x, self.shape[0], engine)
 
     def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W^T in float32 through the dense GEMM, a few million weight values at a time
