@@ -14,6 +14,7 @@ from baton.engine import SamplingParams
 from baton.engine.native import build, prompt_steps
 from baton.engine.native import quant as native_quant
 from baton.engine.native.quant import PANEL_ENGINE_IDS
+from baton.engine.quant.placement import INT8_PANEL_ENGINES
 from baton.engine.quant.weight import DenseProducts
 from baton.engine.scheduler import ScheduledBatch
 from baton.engine.sequence import Sequence
@@ -156,7 +157,7 @@ def test_fp32_mixed_step_over_a_bf16_cache_is_as_close_as_the_decode_step():
 def test_mixed_step_in_other_precisions_stays_near_the_torch_path(settings, logits_mean, kv_mean):
     engine = make_engine(num_kv_blocks=128, **settings)
     steps = engine.runner.native.prompts
-    if {steps.quant_engine, steps.few_engine} & {PANEL_ENGINE_IDS["avx512_vnni"], PANEL_ENGINE_IDS["avx2_int8"]}:
+    if {steps.quant_engine, steps.few_engine} & {PANEL_ENGINE_IDS[name] for name in INT8_PANEL_ENGINES}:
         # int8 products (`auto` where no AMX tiles are, and beside them on a few rows): the
         # attentions' bf16 difference moves some inputs across an int8 step of their block
         # (seen on a Xeon: logits 0.047 apart on average, at most 0.34; K/V 1.0e-2 and 0.20)
@@ -222,7 +223,7 @@ def test_a_step_of_a_few_rows_takes_the_few_rows_engine_where_one_is_set():
     runner, native = engine.runner, engine.runner.native
     if native is None or native.prompts.max_rows == 0:
         pytest.skip("no native steps here")
-    int8 = [e for e in native_quant.panel_engines(native._lib) if e in ("avx512_vnni", "avx2_int8")]
+    int8 = [e for e in native_quant.panel_engines(native._lib) if e in INT8_PANEL_ENGINES]
     if not int8:
         pytest.skip("no int8 products in this library")
     int8_id, none = PANEL_ENGINE_IDS[int8[-1]], prompt_steps.NO_ENGINE
