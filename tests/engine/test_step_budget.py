@@ -8,6 +8,7 @@ import pytest
 from baton.engine.config import EngineConfig
 from baton.engine.step_budget import (
     MIN_PROMPT_TOKENS_PER_STEP,
+    RATE_STEPS,
     UNREACHABLE_SHARE,
     RowTiles,
     StepCosts,
@@ -42,6 +43,25 @@ def test_a_prompt_step_within_the_decode_lines_fixed_part_sets_no_rate():
     assert costs.prefill_s_per_token is None
     costs.observe(0, 64, 0.030)
     assert costs.prefill_s_per_token == pytest.approx(0.020 / 64)
+
+
+def test_the_rate_is_the_recent_steps_seconds_over_their_tokens():
+    costs = StepCosts()
+    for b in (2, 6):
+        costs.observe(b, 0, 0.004 + 0.002 * b)  # t_dec(B) = 4 ms + 2 ms a decode
+    for _ in range(8):
+        costs.observe(6, 28, 0.016 + 28 * 0.0003)  # 28-token chunks beside six decodes, 0.3 ms a token
+    assert costs.prefill_s_per_token == pytest.approx(0.0003)
+    # a 4-token chunk whose step ran 6 ms long (a neighbour took the core): counted by its
+    # tokens, it moves the rate by ~2%, where one smoothed sample of 1.8 ms a token moved it 2x
+    costs.observe(6, 4, 0.016 + 4 * 0.0003 + 0.006)
+    assert costs.prefill_s_per_token == pytest.approx((8 * 28 * 0.0003 + 4 * 0.0003 + 0.006) / (8 * 28 + 4))
+    assert costs.prefill_s_per_token < 0.00033
+    for _ in range(RATE_STEPS):  # only the last RATE_STEPS steps count
+        costs.observe(6, 28, 0.016 + 28 * 0.0005)
+    assert costs.prefill_s_per_token == pytest.approx(0.0005)
+    costs.forget_prefill_rate()
+    assert costs.prefill_s_per_token is None
 
 
 def test_budget_is_what_fits_between_the_decodes_and_the_objective():

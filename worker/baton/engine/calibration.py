@@ -77,7 +77,7 @@ def calibrate(engine) -> str:
         engine.stats = counters
     # the router's per-token prefill cost is a real prompt's to set: made-up prompts of a
     # few tokens are mostly fixed cost
-    engine.step_costs.prefill_s_per_token = None
+    engine.step_costs.forget_prefill_rate()
     if engine.config.role == "prefill":
         # it never decodes: its prompts' cost is their whole steps, as before it was measured
         engine.step_costs.forget_decode_steps()

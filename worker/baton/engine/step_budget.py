@@ -89,6 +89,11 @@ MARGIN_QUANTILE = 0.9
 # Steps beside decodes seen before they are priced whole (`StepCosts.chunk_step_cost`): the
 # steps a budget sizes, twice the prompt line's count, as two more unknowns come from them.
 CHUNK_LINE_STEPS = 16
+# The prompt steps a worker's cost of a prompt token is taken over: their added seconds over
+# their tokens. Smoothed step by step instead (a weight of 0.2 each), one chunk of a few
+# tokens beside decodes, a few ms off the decode line, moved it 0.2 -> 0.6 ms a token on a
+# Xeon core, and the router kept prompts at a decode worker it priced at 0.2 (bench/serving.py).
+RATE_STEPS = 16
 
 
 def default_bank_objectives(role: str) -> float:
@@ -157,11 +162,21 @@ class PromptStep(NamedTuple):
 class StepCosts:
     """Online estimates of t_dec(B) and of prompt chunks' cost from the engine's own steps."""
 
-    def __init__(self, window: int = 64, alpha: float = 0.2):
+    def __init__(self, window: int = 64):
         self._decode_steps: deque[tuple[int, float]] = deque(maxlen=window)
         self._prompt_steps: deque[PromptStep] = deque(maxlen=window)
-        self._alpha = alpha
-        self.prefill_s_per_token: float | None = None  # smoothed mean: what a local prompt token costs
+        self._rate_steps: deque[tuple[float, int]] = deque(maxlen=RATE_STEPS)  # (added seconds, prompt tokens)
+
+    @property
+    def prefill_s_per_token(self) -> float | None:
+        """What a prompt token costs here: the seconds prompt tokens added to the last
+        RATE_STEPS steps that carried them, over those tokens (None before one is seen)."""
+        steps = tuple(self._rate_steps)  # a snapshot: the state answers from another thread
+        tokens = sum(n for _, n in steps)
+        return sum(extra for extra, _ in steps) / tokens if tokens else None
+
+    def forget_prefill_rate(self) -> None:
+        self._rate_steps.clear()
 
     def observe(self, decodes: int, prompt_tokens: int, seconds: float, work: int | None = None) -> None:
         """A step's decodes, prompt tokens and seconds; `work`: its chunks' attention work
@@ -184,9 +199,7 @@ class StepCosts:
             # the line known from other steps) says nothing of a token's cost: a rate of zero
             # would tell the router prompts are free here
             return
-        sample = extra / prompt_tokens
-        old = self.prefill_s_per_token
-        self.prefill_s_per_token = sample if old is None else (1 - self._alpha) * old + self._alpha * sample
+        self._rate_steps.append((extra, prompt_tokens))
 
     def keep_median_prompt_steps(self) -> None:
         """Of prompt steps alike (the same tokens, attention work and decodes), keep the
@@ -212,6 +225,11 @@ class StepCosts:
         once measured one stream as slow as four, and the flat fit priced eight decodes
         as one. Read from a snapshot: a worker's state answers from another thread than the
         engine's, whose steps append to the window meanwhile."""
+        line = self.decode_step_line()
+        return None if line is None else line[0] + line[1] * decodes
+
+    def decode_step_line(self) -> tuple[float, float] | None:
+        """decode_step_s's line as (intercept, seconds per decode); None before any decode step."""
         by_batch: dict[int, list[float]] = {}
         for b, t in tuple(self._decode_steps):
             by_batch.setdefault(b, []).append(t)
@@ -222,11 +240,10 @@ class StepCosts:
         mean_b = sum(b * w for b, _, w in points) / n
         mean_t = sum(t * w for _, t, w in points) / n
         if len(points) == 1:
-            return mean_t * decodes / max(mean_b, 1)
+            return 0.0, mean_t / max(mean_b, 1)
         var_b = sum(w * (b - mean_b) ** 2 for b, _, w in points)
         slope = max(sum(w * (b - mean_b) * (t - mean_t) for b, t, w in points) / var_b, 0.0)
-        intercept = max(mean_t - slope * mean_b, 0.0)
-        return intercept + slope * decodes
+        return max(mean_t - slope * mean_b, 0.0), slope
 
     def prompt_cost(self) -> PromptCost | None:
         """F + s·P + a·W: least squares over recent steps, all three where the steps tell
