@@ -88,7 +88,8 @@ async def test_the_router_serves_each_prompts_path_and_the_threshold_it_met(fake
     assert short["uncached_tokens"] <= 100 < short["threshold_tokens"] and long["threshold_tokens"] <= 600
     # the load terms the threshold was worked out from, and the estimates of the moment
     assert set(short["terms"]) == {"decoding", "queued_tokens", "held_prompts", "local_s_per_token",
-                                   "local_queued_tokens", "stall_weight"}
+                                   "local_queued_tokens", "stall_weight", "local_wait_factor"}
+    assert short["terms"]["local_wait_factor"] == 1.0  # nothing decoding there
     # the prefill worker names no chunk: both prompts at the router's weight
     assert short["terms"]["stall_weight"] == long["terms"]["stall_weight"] == DEFAULT_STALL_WEIGHT
     assert short["estimates"]["stall_weight"] == DEFAULT_STALL_WEIGHT

@@ -14,11 +14,12 @@ from baton.router.policy import (
     WorkerSnapshot,
     affinity_slack,
     choose_path,
+    local_wait_factor,
     prefill_queue_ahead,
     rank_decode,
     rank_prefill,
 )
-from baton.router.pool import Membership, WorkerPool, positive_or_none
+from baton.router.pool import Membership, WorkerPool, positive_or_none, step_line_or_none
 from baton.router.threshold import (
     DEFAULT_STALL_WEIGHT,
     ThresholdEstimator,
@@ -183,6 +184,46 @@ def test_a_prompt_waits_for_the_shorter_prompts_queued_and_one_step_of_a_longer_
     ahead = prefill_queue_ahead([2000], 64, 512)
     assert choose_path(64, threshold_tokens(**measured, decoding=8, queued_tokens=ahead), True) == "remote"
     assert choose_path(64, threshold_tokens(**measured, decoding=8, queued_tokens=2000), True) == "local"
+
+
+def test_a_prompt_kept_home_waits_for_the_decodes_steps_too():
+    line = (0.004, 0.002)  # a decode step: 4 ms, and 2 ms a decode
+    # beside five decodes (14 ms) under a 30 ms objective a step carries 16 ms of prompt work
+    assert local_wait_factor(5, 0.030, line) == pytest.approx(0.030 / 0.016)
+    assert local_wait_factor(9, 0.030, line) == pytest.approx(0.030 / 0.008)  # fewer left: longer
+    assert local_wait_factor(12, 0.030, line) == 8.0  # next to nothing left: capped
+    assert local_wait_factor(13, 0.030, line) == 3.0  # decodes alone past it: half a step's prompt work
+    # the prompt runs whole, or nothing paces it, or nothing is measured: its compute alone
+    assert local_wait_factor(0, 0.030, line) == 1.0
+    assert local_wait_factor(5, None, line) == local_wait_factor(5, 0.0, line) == 1.0
+    assert local_wait_factor(5, 0.030, None) == 1.0
+
+
+def test_the_wait_beside_decodes_moves_prompts_away_and_not_the_stall():
+    # the decision of a P/D round on a Xeon (bench/serving.py) that kept a 256-token prompt
+    # home: three streams decoding, two prompts queued on the prefill worker
+    measured = dict(o_fixed_s=0.087, prefill_s_per_token=0.000374, kv_bytes_per_token=23040,
+                    link_bytes_per_s=2.0e9)
+    load = dict(decoding=3, queued_tokens=512, held_prompts=0.22, local_s_per_token=0.000533, stall_weight=0.2)
+    priced_at_compute = threshold_tokens(**measured, **load)
+    assert choose_path(256, priced_at_compute, True) == "local"  # 338 tokens, as the router recorded
+    factor = local_wait_factor(3, 0.030, (0.0055, 0.0019))  # its 11 ms steps of three decodes
+    with_the_wait = threshold_tokens(**measured, **load, local_wait_factor=factor)
+    assert choose_path(256, with_the_wait, True) == "remote"
+    waited = 0.000533 * factor  # the wait scaled, the decodes' stall (its compute) not
+    gain = waited + 0.000533 * 0.2 * 3 - 23040 / 2.0e9 - 0.2 * 0.22 * 0.000374
+    assert with_the_wait == pytest.approx((0.087 + 512 * 0.000374) / gain)
+    # a prompt already waiting there waits at that pace too
+    queued_home = threshold_tokens(**measured, **load, local_queued_tokens=256, local_wait_factor=factor)
+    assert queued_home == pytest.approx((0.087 + 512 * 0.000374 - 256 * waited) / gain)
+    assert threshold_tokens(**measured, **load, local_wait_factor=0.5) == priced_at_compute  # never below 1
+
+
+def test_a_decode_step_line_from_a_workers_state():
+    assert step_line_or_none([0.004, 0.002]) == (0.004, 0.002)
+    assert step_line_or_none([0, 0.002]) == (0.0, 0.002)
+    for bad in (None, [], [0.004], [0.004, -1.0], [0.004, float("nan")], ["a", 1], [True, 1], "0.004,0.002"):
+        assert step_line_or_none(bad) is None
 
 
 def test_the_pool_keeps_each_outstanding_prompt_it_sent_to_prefill():

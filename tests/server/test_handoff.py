@@ -46,6 +46,10 @@ def test_prefill_to_decode_matches_colocated(cluster, prompt_ids, reference, dec
     assert prefill.state()["prefill_seconds_per_token"] > 0
     assert "prefill_seconds_per_token" in decode.state()  # None until it prefills a prompt itself
     assert decode.state()["decodes_past_objective"] in (True, False)  # by its calibrated decode line
+    # and what paces a prompt it prefills beside its decodes (the router's local wait)
+    intercept, per_decode = decode.state()["decode_step_line"]
+    assert intercept >= 0 and per_decode >= 0 and intercept + per_decode > 0
+    assert decode.state()["tpot_objective_s"] == pytest.approx(0.030)
     moved = sum(t["bytes"] for t in transfers)
     assert prefill.metric("baton_kv_transfer_bytes_total") - sent_before == moved
     assert decode.metric("baton_kv_exposed_transfer_seconds_count") == 0  # measured on the prefill side

@@ -26,6 +26,7 @@ from baton.router.policy import (
     WorkerSnapshot,
     choose_path,
     decodes_stalled_by_local,
+    local_wait_factor,
     prefill_queue_ahead,
     prompts_held_up,
     rank_decode,
@@ -155,12 +156,14 @@ class Dispatcher:
             return {}
         queue, chunk = prefill[0].inflight_prompts, prefill[0].chunk_size
         queued = prefill_queue_ahead(queue, uncached, chunk)
-        return {"decoding": self._stalled_by_local(decode, queue, uncached, chunk), "queued_tokens": queued,
+        decoding = self._stalled_by_local(decode, queue, uncached, chunk)
+        return {"decoding": decoding, "queued_tokens": queued,
                 "held_prompts": self._held_up(uncached, queued, len(prefill), chunk),
                 "local_s_per_token": decode.prefill_s_per_token,
                 "local_queued_tokens": sum(decode.inflight_prompts),
                 "stall_weight": stall_weight_for(self.estimator.stall_weight, uncached, chunk,
-                                                 decode.decodes_past_objective)}
+                                                 decode.decodes_past_objective),
+                "local_wait_factor": local_wait_factor(decoding, decode.tpot_objective_s, decode.decode_step_line)}
 
     def _record_placement(self, rid: str, prompt_tokens: int, uncached: int, path: str, threshold: float,
                           decode_url: str, prefill_url: str | None, terms: dict, fallback: bool = False) -> None:

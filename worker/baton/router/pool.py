@@ -131,6 +131,8 @@ class WorkerPool:
             chunk_size=max(int(state.get("chunk_size") or 0), 0),
             prefill_s_per_token=positive_or_none(state.get("prefill_seconds_per_token")),
             decodes_past_objective=state.get("decodes_past_objective") is True,
+            tpot_objective_s=positive_or_none(state.get("tpot_objective_s")),
+            decode_step_line=step_line_or_none(state.get("decode_step_line")),
             inflight_at_poll=outstanding)
         was_usable = url in self._snapshots and self._snapshots[url].accepts_work
         self._snapshots[url] = self._apply_labels(snap, member)
@@ -178,3 +180,13 @@ def positive_or_none(value) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
         return float(value)
     return None
+
+
+def step_line_or_none(value) -> tuple[float, float] | None:
+    """A decode step line from a worker's state, [seconds at 0 decodes, per decode]: two
+    finite numbers >= 0, else None."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in value):
+        return None
+    return float(value[0]), float(value[1])

@@ -67,20 +67,24 @@ DEFAULT_STALL_WEIGHT = 0.2
 def threshold_tokens(o_fixed_s: float, prefill_s_per_token: float, kv_bytes_per_token: float,
                      link_bytes_per_s: float, decoding: float = 0.0, queued_tokens: float = 0.0,
                      local_s_per_token: float | None = None, held_prompts: float = 0.0,
-                     local_queued_tokens: float = 0.0, stall_weight: float = 1.0) -> float:
+                     local_queued_tokens: float = 0.0, stall_weight: float = 1.0,
+                     local_wait_factor: float = 1.0) -> float:
     """L_thresh in tokens. `local_s_per_token`: the decode worker's own cost of a prompt
     token, where measured (else the prefill worker's); `held_prompts`: those a remote prompt
     holds up on the prefill worker; `local_queued_tokens`: prompt tokens the decode worker
     prefills first; `stall_weight`: what the others' lost time (the decodes stalled, the
-    prompts held up) counts for against the prompt's own. Infinity where a token costs more
-    sent than computed here (counting the decodes it stalls and the prompts it holds up) and
-    the remote wait is the longer; zero where the local wait is longer and nothing favours
-    computing here."""
+    prompts held up) counts for against the prompt's own; `local_wait_factor`: how many times
+    its compute a prompt waits there beside its decodes (policy.local_wait_factor: the waits,
+    not the stalls, which are the compute). Infinity where a token costs more sent than
+    computed here (counting the decodes it stalls and the prompts it holds up) and the remote
+    wait is the longer; zero where the local wait is longer and nothing favours computing
+    here."""
     local = local_s_per_token if local_s_per_token and local_s_per_token > 0 else prefill_s_per_token
-    per_token_gain = (local * (1.0 + stall_weight * max(decoding, 0.0)) - kv_bytes_per_token / link_bytes_per_s
+    waited = local * max(local_wait_factor, 1.0)
+    per_token_gain = (waited + local * stall_weight * max(decoding, 0.0) - kv_bytes_per_token / link_bytes_per_s
                       - stall_weight * max(held_prompts, 0.0) * prefill_s_per_token)
     wait_saved = (max(0.0, o_fixed_s) + max(queued_tokens, 0.0) * prefill_s_per_token
-                  - max(local_queued_tokens, 0.0) * local)
+                  - max(local_queued_tokens, 0.0) * waited)
     if per_token_gain <= 0:
         return math.inf if wait_saved > 0 else 0.0
     return max(wait_saved, 0.0) / per_token_gain
@@ -184,7 +188,8 @@ class ThresholdEstimator:
 
     def threshold(self, decoding: float = 0.0, queued_tokens: float = 0.0,
                   local_s_per_token: float | None = None, held_prompts: float = 0.0,
-                  local_queued_tokens: float = 0.0, stall_weight: float | None = None) -> float:
+                  local_queued_tokens: float = 0.0, stall_weight: float | None = None,
+                  local_wait_factor: float = 1.0) -> float:
         """For a prompt headed to a decode worker with `decoding` requests on it and its own
         measured cost of a prompt token `local_s_per_token` (None: not measured), while the
         best prefill worker has `queued_tokens` prompt tokens to prefill first and
@@ -204,7 +209,8 @@ class ThresholdEstimator:
             return max(wait_saved, 0.0) / (1.0 + weight * max(decoding, 0.0))
         return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
                                 local_s_per_token=local_s_per_token, held_prompts=held_prompts,
-                                local_queued_tokens=local_queued_tokens, stall_weight=weight)
+                                local_queued_tokens=local_queued_tokens, stall_weight=weight,
+                                local_wait_factor=local_wait_factor)
 
     def explain(self, with_threshold: bool = True) -> dict:
         """The estimates behind the threshold (None: not measured yet) and, `with_threshold`,

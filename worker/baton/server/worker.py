@@ -250,6 +250,10 @@ class Worker:
             rank_pids=[p.pid for p in getattr(engine.runner, "procs", [])],
             # its own cost of a prompt token (the router's local side of the threshold)
             prefill_seconds_per_token=engine.step_costs.prefill_s_per_token,
+            # what paces a prompt prefilled here beside decodes: chunks under the objective,
+            # each step also running the decodes (the router's local wait, policy.local_wait_factor)
+            tpot_objective_s=engine.config.tpot_objective_s or None,
+            decode_step_line=engine.step_costs.decode_step_line(),
             # whether its decodes alone, one more among them, outrun their TPOT objective
             # (the router then weighs their stall in full: threshold.stall_weight_for)
             decodes_past_objective=decodes_past_objective(
