@@ -179,9 +179,10 @@ def local_wait_factor(decodes: int, tpot_objective_s: float | None,
     the prompt waits T / (T - t_dec) times its compute (at most LONGEST_LOCAL_WAIT_FACTOR).
     Where the decodes alone take T or more, a step adds half a decode step of prompt work:
     three times. 1 with no decodes (the prompt runs whole), no objective, or no steps seen.
-    Priced at t_local alone, a 256-token prompt sent to a decode worker running five
-    streams was expected in 0.14 s and came in ~0.27 s, in 28 ms steps of ~28 prompt tokens
-    beside 18 ms decode steps (a Xeon core, bench/serving.py)."""
+    Priced at t_local alone, a 256-token prompt kept at a decode worker running five streams
+    was expected in 0.14 s; that worker's steps carrying prompt tokens took 28 ms for ~28 of
+    them beside 18 ms decode steps, ~9 steps or ~0.26 s for the prompt (a Xeon core,
+    bench/serving.py)."""
     if decodes <= 0 or not tpot_objective_s or tpot_objective_s <= 0 or decode_step_line is None:
         return 1.0
     t_dec = decode_step_line[0] + decode_step_line[1] * decodes

@@ -25,6 +25,11 @@ worker's: it runs in chunks next to the decodes, under their TPOT cap, often too
 the fast prompt products. The decode worker measures it from its own steps (`/internal/state`
 `prefill_seconds_per_token`) and the local side of the formula uses it where known:
     L_thresh = (O_fixed + Q·t_tok) / (t_local·(1 + n) − kv/BW).
+t_local is what prompt tokens add to a step; beside n decodes the prompt also waits for the
+decodes' part of every step its chunks share with them, held to the TPOT objective T: its
+own wait is t_local·f per token, f = T / (T − t_dec(n)) (policy.local_wait_factor, from the
+objective and decode step line the decode worker publishes), while what it stalls the n
+streams by stays its compute. In what follows t_local·(1 + n) reads t_local·(f + n).
 
 The two paths' queues and what each holds up, in full. A remote prompt holds up the m
 prompts that will wait behind it on the prefill worker (each loses L·t_tok): in its order,
