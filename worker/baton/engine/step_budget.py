@@ -90,9 +90,10 @@ MARGIN_QUANTILE = 0.9
 # steps a budget sizes, twice the prompt line's count, as two more unknowns come from them.
 CHUNK_LINE_STEPS = 16
 # The prompt steps a worker's cost of a prompt token is taken over: their added seconds over
-# their tokens. Smoothed step by step instead (a weight of 0.2 each), one chunk of a few
-# tokens beside decodes, a few ms off the decode line, moved it 0.2 -> 0.6 ms a token on a
-# Xeon core, and the router kept prompts at a decode worker it priced at 0.2 (bench/serving.py).
+# their tokens. Smoothed step by step instead (a weight of 0.2 each), one step's sample of
+# ~2.2 ms a token (a chunk of a few tokens a few ms off the decode line gives one) moved it
+# 0.2 -> 0.6 ms a token on a Xeon core, and the router had kept prompts at that decode worker
+# while it read 0.2 (bench/serving.py).
 RATE_STEPS = 16
 
 

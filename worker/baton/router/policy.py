@@ -179,7 +179,7 @@ def local_wait_factor(decodes: int, tpot_objective_s: float | None,
     the prompt waits T / (T - t_dec) times its compute (at most LONGEST_LOCAL_WAIT_FACTOR).
     Where the decodes alone take T or more, a step adds half a decode step of prompt work:
     three times. 1 with no decodes (the prompt runs whole), no objective, or no steps seen.
-    Priced at t_local alone, a 256-token prompt kept at a decode worker running five streams
+    Priced at t_local alone, a 256-token prompt kept at a decode worker running three streams
     was expected in 0.14 s; that worker's steps carrying prompt tokens took 28 ms for ~28 of
     them beside 18 ms decode steps, ~9 steps or ~0.26 s for the prompt (a Xeon core,
     bench/serving.py)."""
