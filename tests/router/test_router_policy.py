@@ -261,6 +261,13 @@ def test_busy_decode_worker_and_idle_prefill_pool_send_short_prompts_away():
     assert est.threshold(decoding=1, local_queued_tokens=300) == pytest.approx((512 - 300) / 2)
     assert est.threshold(decoding=1, local_queued_tokens=900) == 0.0
     assert ThresholdEstimator(fixed=300).threshold(decoding=50) == 300  # a fixed threshold is fixed
+    # unmeasured, a prompt kept home still waits for the decodes' steps: a cold router's first
+    # burst kept every other prompt home, the fourth of them first after 1.2-1.5 s (a Xeon, P/D)
+    cold = ThresholdEstimator(fallback=512)  # at the router's own weight, 0.2
+    assert cold.threshold(decoding=2, queued_tokens=256, local_queued_tokens=256) == pytest.approx(512 / 1.4)
+    slowed = cold.threshold(decoding=2, queued_tokens=256, local_queued_tokens=256, local_wait_factor=1.5)
+    assert slowed == pytest.approx((768 - 256 * 1.5) / (1.5 + 0.4))
+    assert choose_path(256, slowed, True) == "remote" and choose_path(256, 512 / 1.4, True) == "local"
 
 
 def test_the_stall_weight_scales_what_a_prompt_costs_others():

@@ -210,8 +210,9 @@ class ThresholdEstimator:
                   self.kv_bytes_per_token.value, self.link_bytes_per_s.value)
         weight = self.stall_weight if stall_weight is None else stall_weight
         if any(v is None for v in inputs):
-            wait_saved = self.fallback + max(queued_tokens, 0.0) - max(local_queued_tokens, 0.0)
-            return max(wait_saved, 0.0) / (1.0 + weight * max(decoding, 0.0))
+            waited = max(local_wait_factor, 1.0)  # a prompt kept home waits for the decodes' steps too
+            wait_saved = self.fallback + max(queued_tokens, 0.0) - max(local_queued_tokens, 0.0) * waited
+            return max(wait_saved, 0.0) / (waited + weight * max(decoding, 0.0))
         return threshold_tokens(*inputs, decoding=decoding, queued_tokens=queued_tokens,
                                 local_s_per_token=local_s_per_token, held_prompts=held_prompts,
                                 local_queued_tokens=local_queued_tokens, stall_weight=weight,
