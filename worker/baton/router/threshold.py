@@ -200,10 +200,11 @@ class ThresholdEstimator:
         best prefill worker has `queued_tokens` prompt tokens to prefill first and
         `held_prompts` prompts a remote one would hold up, and the decode worker
         `local_queued_tokens` (see `threshold_tokens`); `stall_weight`: this prompt's, where
-        not the router's own (`stall_weight_for`). A fixed
+        not the router's own (`stall_weight_for`); `local_wait_factor`: how many times its
+        compute a prompt kept there waits (policy.local_wait_factor). A fixed
         threshold ignores load; the fallback (inputs not yet measured) stands for
-        O_fixed / t_tok and moves with load as the formula does, a token costing the same on
-        either side and nothing to transfer."""
+        O_fixed / t_tok and moves with load as the formula does, a token's compute costing the
+        same on either side, nothing to transfer, and the wait beside the decodes counted."""
         if self.fixed is not None:
             return self.fixed
         inputs = (self.o_fixed_s.value, self.prefill_s_per_token.value,
