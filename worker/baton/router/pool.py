@@ -174,12 +174,15 @@ class WorkerPool:
             pass
 
 
+def _finite_number(value) -> bool:
+    """A JSON number that is finite (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def positive_or_none(value) -> float | None:
     """A measured rate from a worker's state: a positive finite number, else None (not yet
     measured, or nonsense that must not move the threshold)."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    return None
+    return float(value) if _finite_number(value) and value > 0 else None
 
 
 def step_line_or_none(value) -> tuple[float, float] | None:
@@ -187,6 +190,6 @@ def step_line_or_none(value) -> tuple[float, float] | None:
     finite numbers >= 0, else None."""
     if not isinstance(value, list | tuple) or len(value) != 2:
         return None
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in value):
+    if not all(_finite_number(v) and v >= 0 for v in value):
         return None
     return float(value[0]), float(value[1])
