@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from baton.engine import SamplingParams
-from baton.engine.calibration import PROMPT_ROUNDS, PROMPT_SIZES, calibrate
-from baton.engine.step_budget import StepCosts, prefill_token_budget
+from baton.engine.calibration import LATE_CHUNK, PROMPT_ROUNDS, PROMPT_SIZES, calibrate
+from baton.engine.step_budget import StepCosts, attention_work, prefill_token_budget
 
 from .conftest import make_engine
 
@@ -25,9 +25,14 @@ def test_a_calibrated_engine_has_its_costs_and_nothing_else(engine_fp32):
     assert 0 < e.step_costs.decode_step_s(1) <= e.step_costs.decode_step_s(4)
     assert e.step_costs.prefill_s_per_token is None  # a real prompt's to set
     # each size ran whole beside the eight streams, whatever the budget would have cut it to,
-    # and one step of each size is kept: the median of its rounds
-    beside_eight = [p for p, _, _, decodes, _ in e.step_costs._prompt_steps if decodes == 8]
-    assert sorted(beside_eight) == sorted(PROMPT_SIZES)
+    # and one step of each size is kept: the median of its rounds; so is the late chunk, which
+    # found the longest prompt cached and attended over it; the streams' own prompts are not
+    kept = {(p, w, seconds) for p, w, _, decodes, seconds in e.step_costs._prompt_steps}
+    longest = max(PROMPT_SIZES)
+    assert {decodes for _, _, _, decodes, _ in e.step_costs._prompt_steps} == {8}
+    assert sorted((p, w) for p, w, _ in kept) == sorted([(n, attention_work(0, n)) for n in PROMPT_SIZES]
+                                                        + [(LATE_CHUNK, attention_work(longest, LATE_CHUNK))])
+    assert len(e.step_costs._prompt_steps) == PROMPT_ROUNDS * len(kept)  # each median as often as its size ran
     # the budget now caps a prompt beside running decodes at once
     capped = prefill_token_budget(0.001 + e.step_costs.decode_step_s(4), 4, e.step_costs, 2048)
     assert capped < 2048
@@ -58,7 +63,7 @@ def test_of_steps_alike_the_median_is_kept_and_a_slow_one_moves_nothing():
     assert noisy.prompt_cost() == pytest.approx(steady.prompt_cost())
     assert noisy.prompt_cost().per_token == pytest.approx(0.0003)
     steps = [(p, round(seconds, 6)) for p, _, _, _, seconds in noisy._prompt_steps]
-    assert sorted(steps) == [(16, 0.0278), (64, 0.0422), (128, 0.0614)]
+    assert sorted(steps) == sorted([(16, 0.0278), (64, 0.0422), (128, 0.0614)] * PROMPT_ROUNDS)
 
 
 def test_an_engine_too_small_for_the_prompts_is_left_unmeasured():

@@ -10,8 +10,11 @@ measures both before it serves: a warm-up step (the first ones fault in weights 
 buffers), decode-only steps of one stream, four and eight (a few of each: the line takes
 each size's median), then prompts of a few sizes beside them. The prompts run whole, not
 chunked by the budget being measured, three of each size, and of each size the median step
-is kept. One prompt of each, chunked by the budget that the first one's step had set, gave
-chunks of whatever size that first guess allowed, and one slow step among so few points
+is kept (as often as its size ran); so is a chunk of the same size as one of them late in
+a prompt (LATE_CHUNK), which tells the attention's share of a step from the tokens'. The
+streams' own prompts, one step each, are not kept. One prompt of each, chunked by the
+budget that the first one's step had set, gave chunks of whatever size that first guess
+allowed, and one slow step among so few points
 tilted the line: over 128 worker starts of bench/serving.py (a Xeon with AMX) a prompt
 token came out at 0.005-0.82 ms, and at 0.005 ms the budget beside four decodes is some
 2,000 tokens. On one core shared with a spinning process (bench/calibration_spread.py, 12
@@ -35,6 +38,15 @@ from baton.engine.sampling import SamplingParams
 from baton.engine.step_budget import StepCosts
 
 PROMPT_SIZES = (16, 64, 128)  # prompt tokens of the steps measured beside the decodes
+# A chunk late in a prompt: these tokens after the longest prompt's, which they find cached
+# (where the prefix cache is on), so the step computes them alone at a start of
+# max(PROMPT_SIZES). Fresh prompts alone grow their attention work with their tokens,
+# W = P(P+1)/2, and the fit of F + s·P + a·W could only take `a` from the curve of step
+# time in P, which carries more than attention: on a Xeon core it came out at 0.03-3.98 µs
+# a unit (median 1.04; 2-4 in two colocated workers' serving), where a chunk's rows cost
+# 0.165 µs a unit (bench/mixed_steps.py, 8 and 64 rows at starts 0 and 1,800), and 0.00-0.46
+# (median 0.17) with this step (bench/calibration_spread.py; docs/benchmarks.md).
+LATE_CHUNK = 64
 DECODE_BATCHES = (1, 4, 8)  # decodes running, in turn
 PROMPT_ROUNDS = 3  # steps of each size: their median is the one kept
 DECODE_STEPS = 3  # decode-only steps measured at each (a median: one slow step is outvoted)
@@ -47,9 +59,14 @@ def calibrate(engine) -> str:
     if engine.sequences:
         raise RuntimeError(f"calibrate an idle engine: {len(engine.sequences)} sequences are in it")
     room = min(engine.max_model_len, engine.blocks.num_blocks * engine.config.block_size // 2)
-    sizes = [n for n in PROMPT_SIZES if n + 8 + DECODE_STEPS + STEP_LIMIT <= room]
+
+    def fits(n: int) -> bool:
+        return n + 8 + DECODE_STEPS + STEP_LIMIT <= room
+
+    sizes = [n for n in PROMPT_SIZES if fits(n)]
     if not sizes:
         return f"not calibrated: {room} tokens of room is too few for its prompts"
+    late = fits(sizes[-1] + LATE_CHUNK) and engine.config.enable_prefix_caching
     vocab = engine.model_config.vocab_size
     started = time.perf_counter()
     counters, engine.stats = engine.stats, type(engine.stats)()
@@ -67,10 +84,18 @@ def calibrate(engine) -> str:
                                    f"calibration-decode-{len(engine.sequences)}")
             for _ in range(1 + DECODE_STEPS):  # the new streams' prompts, then decodes alone
                 engine.step()
+        # the streams' own prompts ran once each, unrepeated, and the first steps with prompt
+        # tokens beside decodes can be several times slower (8 tokens beside one decode in
+        # 52 ms, not 15-19, on a busy Xeon core): the prompt line is the measured sizes' alone
+        engine.step_costs.forget_prompt_steps()
         with _budget_lifted(engine):
             for r in range(PROMPT_ROUNDS):  # sizes back and forth: a slow spell hits them alike
                 for k, n in enumerate(sizes if r % 2 == 0 else sizes[::-1]):
                     _run_to_end(engine, f"calibration-{n}-{r}", prompt(n, 100 + len(sizes) * r + k), max_tokens=1)
+                if late:  # the longest prompt of this round, then LATE_CHUNK more tokens
+                    longest = prompt(sizes[-1], 100 + len(sizes) * r + (len(sizes) - 1 if r % 2 == 0 else 0))
+                    _run_to_end(engine, f"calibration-late-{r}", longest + prompt(LATE_CHUNK, 200 + r),
+                                max_tokens=1)
         engine.step_costs.keep_median_prompt_steps()
     finally:
         engine._forget_requests()

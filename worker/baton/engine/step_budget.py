@@ -204,13 +204,18 @@ class StepCosts:
 
     def keep_median_prompt_steps(self) -> None:
         """Of prompt steps alike (the same tokens, attention work and decodes), keep the
-        median one: calibration's repeated steps, one point per size that one slow step
-        (a neighbour process taking the core) does not move."""
+        median one, as many times as they ran: calibration's repeated steps, one point per
+        size that one slow step (a neighbour process taking the core) does not move, each
+        weighing as many steps as ran (enough of them for the fit with context)."""
         alike: dict[tuple[int, int, int], list[PromptStep]] = {}
         for step in self._prompt_steps:
             alike.setdefault((step.tokens, step.work, step.decodes), []).append(step)
-        kept = [sorted(steps, key=lambda s: s.seconds)[(len(steps) - 1) // 2] for steps in alike.values()]
+        kept = [sorted(steps, key=lambda s: s.seconds)[(len(steps) - 1) // 2] for steps in alike.values()
+                for _ in steps]
         self._prompt_steps = deque(kept, maxlen=self._prompt_steps.maxlen)
+
+    def forget_prompt_steps(self) -> None:
+        self._prompt_steps.clear()
 
     def forget_decode_steps(self) -> None:
         """Drop the decode-only steps seen (a worker that will not decode: its prompt steps
