@@ -3,8 +3,8 @@ measures now against the way it measured before: prompts chunked by the very bud
 measured, one of each size, every step kept ("budgeted"), or whole, three of each size and
 their median kept ("whole", the current code). The bundled model as `baton up` serves it,
 one thread; the two ways take turns, `--runs` each. Per run: the decode line at 1 and 8
-streams, the prompt line's fixed part and per-token cost, and the budget that results
-beside 4 decodes under the default objective.
+streams, the prompt line's fixed part, per-token and per-unit-of-attention costs and margin,
+and the budget that results beside 4 decodes under the default objective.
 `--neighbour` shares the core with a spinning process, as two workers starting together on a
 two-core machine, with the router and a client, share theirs.
 
@@ -76,6 +76,7 @@ def main() -> None:
                 row = {"said": said, "decode_1_ms": round(costs.decode_step_s(1) * 1e3, 2),
                        "decode_8_ms": round(costs.decode_step_s(8) * 1e3, 2),
                        "fixed_ms": round(cost.fixed * 1e3, 2), "per_token_ms": round(cost.per_token * 1e3, 4),
+                       "per_context_us": round(cost.per_context * 1e6, 4), "margin_ms": round(cost.margin * 1e3, 2),
                        "budget_beside_4": prefill_token_budget(DEFAULT_TPOT_OBJECTIVE_S, 4, costs, ceiling)}
                 found[name].append(row)
                 print(run, name, row, flush=True)
@@ -86,6 +87,8 @@ def main() -> None:
             neighbour.wait()
     summary = {name: {"per_token_ms": quantiles([r["per_token_ms"] for r in rows]),
                       "fixed_ms": quantiles([r["fixed_ms"] for r in rows]),
+                      "per_context_us": quantiles([r["per_context_us"] for r in rows]),
+                      "margin_ms": quantiles([r["margin_ms"] for r in rows]),
                       "budget_beside_4": quantiles([r["budget_beside_4"] for r in rows]),
                       "budget_at_ceiling": sum(r["budget_beside_4"] >= ceiling for r in rows)}
                for name, rows in found.items()}
