@@ -1,10 +1,10 @@
 """Steps that carry prompt tokens, on the native step against torch's path, on the bundled
 model as `baton up` serves it (dtype and quantization `auto`). Each case is one step: B
 running decodes (contexts of 300 tokens) beside a prompt chunk of P tokens starting at
-position 0 (or at START: a chunk late in a long prompt), or a prompt alone. Every case on both paths takes its turn in each of
-`--repeats` rounds, and each cell is its best, so drift hits all alike (where
-native/prompt_steps.py sends a step to torch's path anyway, `native_step_ran` is false and
-both columns are torch's). A worker that prefills in small chunks to keep its decodes' time per
+position 0 (or at START: a chunk late in a long prompt), or a prompt alone. Every case on
+both paths takes its turn in each of `--repeats` rounds, and each cell is its best, so drift
+hits all alike (where native/prompt_steps.py sends a step to torch's path anyway,
+`native_step_ran` is false and both columns are torch's). A worker that prefills in small chunks to keep its decodes' time per
 token pays each step's fixed cost on every chunk: this is that cost.
 
     python bench/mixed_steps.py --threads 1   # writes bench/results/mixed_steps.json
@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("results")
-# (decodes, prompt tokens, where the chunk starts in its prompt); 4 + 12, 16, 20 and 8 + 8, 16 step across the bf16 products'
-# passes of 8 rows (quant/placement.py BF16_ROW_TILE); 12 rows (12 decodes, 4 + 8) and 16
-# and 32 decodes alone run on the panel engines (from PANEL_MIN_ROWS); --cases times others
+# (decodes, prompt tokens, where the chunk starts in its prompt); 4 + 12, 16, 20 and 8 + 8,
+# 16 step across the bf16 products' passes of 8 rows (quant/placement.py BF16_ROW_TILE); 12
+# rows (12 decodes, 4 + 8) and 16 and 32 decodes alone run on the panel engines (from
+# PANEL_MIN_ROWS); --cases times others
 CASES = tuple((*c, 0) for c in ((4, 12), (4, 16), (4, 20), (4, 64), (8, 8), (8, 16), (8, 64), (4, 256), (0, 256),
                                  (0, 512), (0, 1024), (8, 0), (4, 0), (12, 0), (4, 8), (16, 0), (32, 0)))
 DECODE_CONTEXT = 300
@@ -33,15 +34,15 @@ def case(text: str) -> tuple[int, int, int]:
     position START of its prompt, 0 by default)."""
     try:
         numbers = [int(part) for part in text.split(",")]
-        decodes, tokens, start = (numbers + [0])[:3] if len(numbers) in (2, 3) else (None, None, None)
     except ValueError:
-        decodes = None
-    if decodes is None:
+        numbers = []
+    if len(numbers) not in (2, 3):
         raise argparse.ArgumentTypeError(f"expected DECODES,PROMPT_TOKENS[,START] such as 4,16 or 4,12,900, "
                                          f"got {text!r}")
+    decodes, tokens, start = (*numbers, 0)[:3]
     if decodes < 0 or tokens < 0 or start < 0 or decodes + tokens == 0 or (start and not tokens):
-        raise argparse.ArgumentTypeError(f"a step needs a row, no negative count, and a chunk where it starts "
-                                         f"past 0; got {text!r}")
+        raise argparse.ArgumentTypeError(f"a step needs a row, no negative count, and prompt tokens where it "
+                                         f"gives START; got {text!r}")
     return decodes, tokens, start
 
 
