@@ -169,6 +169,20 @@ def test_prompts_alone_batch_only_while_their_work_is_less_than_the_fixed_cost()
     assert prompt_batch_tokens(StepCosts(), ceiling=2048) == 2048  # not measured yet
 
 
+def test_prompt_steps_no_slower_than_their_decodes_give_no_cost_and_no_limit():
+    """A tiny model's prompt steps beside decodes can all run within the decode line (every
+    one's extra seconds zero): that measures no token's cost, so no line is drawn and neither
+    budget divides by a zero cost (a prefill worker's step once failed on it)."""
+    costs = StepCosts()
+    for b in (1, 4, 8):
+        costs.observe(b, 0, 0.004 * b)
+    for tokens in (16, 64, 128, 64) * 3:
+        costs.observe(8, tokens, 0.030)  # under the 32 ms the decode line gives 8 decodes
+    assert costs.prompt_cost() is None
+    assert prompt_batch_tokens(costs, ceiling=2048) == 2048
+    assert prefill_token_budget(0.05, 4, costs, 2048) == 2048
+
+
 def test_a_prefill_engine_takes_waiting_prompts_a_worthwhile_batch_at_a_time(engine_fp32, monkeypatch):
     """A prefill worker (whole prompts, no decodes): the first runs whole however long; more
     join its step only while the tokens in it stay within F/s. Elsewhere no limit."""

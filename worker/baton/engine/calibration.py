@@ -110,7 +110,7 @@ def calibrate(engine) -> str:
     cost, one, most = costs.prompt_cost(), costs.decode_step_s(1), costs.decode_step_s(DECODE_BATCHES[-1])
     took = time.perf_counter() - started
     if cost is None:
-        return f"not calibrated: no steps measured in {took:.2f} s"
+        return f"not calibrated: no prompt cost measured in {took:.2f} s"
     decodes = (f"decode steps of 1 and {DECODE_BATCHES[-1]} streams {one * 1e3:.1f} and {most * 1e3:.1f} ms; "
                if one is not None else "")
     return (f"calibrated in {took:.2f} s: {decodes}prompt tokens add {cost.fixed * 1e3:.1f} ms + "

@@ -203,10 +203,9 @@ class StepCosts:
         self._rate_steps.append((extra, prompt_tokens))
 
     def keep_median_prompt_steps(self) -> None:
-        """Of prompt steps alike (the same tokens, attention work and decodes), keep the
-        median one, as many times as they ran: calibration's repeated steps, one point per
-        size that one slow step (a neighbour process taking the core) does not move, each
-        weighing as many steps as ran (enough of them for the fit with context)."""
+        """Of prompt steps alike (the same tokens, attention work and decodes), the median one,
+        as often as they ran: calibration's repeated steps, a point per size that one slow
+        step (a neighbour taking the core) does not move, enough for the fit with context."""
         alike: dict[tuple[int, int, int], list[PromptStep]] = {}
         for step in self._prompt_steps:
             alike.setdefault((step.tokens, step.work, step.decodes), []).append(step)
@@ -257,11 +256,14 @@ class StepCosts:
         size cannot tell F from s: then F = 0 (every second per token, an over-estimate for
         larger chunks). Once CONTEXT_FIT_STEPS steps are in, with the margin those steps ran
         past the fit (its MARGIN_QUANTILE): over the steps beside decodes where there are that
-        many, as those are the steps a budget sizes."""
+        many, as those are the steps a budget sizes. None before any step, or where they added
+        nothing measurable to their decodes' (a tiny model's: no token is free)."""
         steps = [(p, w, t) for p, w, t, _, _ in self._prompt_steps]
         if not steps:
             return None
         cost = _fit_with_context(steps) or _fit_line([(p, t) for p, _, t in steps])
+        if not cost.per_token > 0:
+            return None
         if len(steps) < CONTEXT_FIT_STEPS:
             return cost
         # A colocated worker's steps with no decodes carry whole prompts, several at a time
