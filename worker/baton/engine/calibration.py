@@ -89,11 +89,13 @@ def calibrate(engine) -> str:
         # 52 ms, not 15-19, on a busy Xeon core): the prompt line is the measured sizes' alone
         engine.step_costs.forget_prompt_steps()
         with _budget_lifted(engine):
+            longest: list[int] = []  # the round's longest prompt, which the late chunk follows
             for r in range(PROMPT_ROUNDS):  # sizes back and forth: a slow spell hits them alike
                 for k, n in enumerate(sizes if r % 2 == 0 else sizes[::-1]):
-                    _run_to_end(engine, f"calibration-{n}-{r}", prompt(n, 100 + len(sizes) * r + k), max_tokens=1)
-                if late:  # the longest prompt of this round, then LATE_CHUNK more tokens
-                    longest = prompt(sizes[-1], 100 + len(sizes) * r + (len(sizes) - 1 if r % 2 == 0 else 0))
+                    ids = prompt(n, 100 + len(sizes) * r + k)
+                    longest = ids if n == sizes[-1] else longest
+                    _run_to_end(engine, f"calibration-{n}-{r}", ids, max_tokens=1)
+                if late:
                     _run_to_end(engine, f"calibration-late-{r}", longest + prompt(LATE_CHUNK, 200 + r),
                                 max_tokens=1)
         engine.step_costs.keep_median_prompt_steps()
