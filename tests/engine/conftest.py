@@ -25,6 +25,9 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
+_GGUF_METADATA: dict = {}  # path -> transformers' parse of its metadata, kept between loads
+
+
 @contextlib.contextmanager
 def _gguf_reads_cached():
     """transformers parses the GGUF with the gguf package once for the config, once for the
@@ -41,7 +44,7 @@ def _gguf_reads_cached():
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
-    metadata: dict = {}
+    metadata = _GGUF_METADATA
 
     def metadata_cached(path, return_tensors=False, **kwargs):
         if return_tensors or kwargs:  # the weights: read once anyway
@@ -61,17 +64,30 @@ def _gguf_reads_cached():
 
 
 @pytest.fixture(scope="session")
-def hf_reference(engine_fp32):
+def hf_tokenizer():
+    """HF transformers' tokenizer of the bundled model, alone: tests that only save it beside
+    a model of their own need not load the reference model (~13 s against ~5 s)."""
+    from transformers import AutoTokenizer
+
+    from baton.engine.loader import bundled_model_path
+
+    path = bundled_model_path()
+    with _gguf_reads_cached():
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
+def hf_reference(engine_fp32, hf_tokenizer):
     """HF transformers' greedy continuation of every prompt (the correctness reference)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from baton.engine import SamplingParams
     from baton.engine.loader import bundled_model_path
 
     path = bundled_model_path()
+    tokenizer = hf_tokenizer
     with _gguf_reads_cached():
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     # a guess per prompt to check in one forward pass: Baton's own greedy tokens
     guesses = engine_fp32.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
     continuations = [hf_greedy(model, tokenizer(prompt).input_ids, guess.token_ids, NEW_TOKENS)
@@ -108,6 +124,13 @@ def make_engine(**settings):
     defaults = dict(dtype="float32", quantization="none", kv_cache_memory_gb=0.25, threads=2)
     defaults.update(settings)
     return Engine(**defaults)
+
+
+@pytest.fixture(scope="module")
+def small_pool_engine():
+    """An engine with a KV pool of its own (16 blocks) for a module's tests that step it
+    directly, shared by their cases."""
+    return make_engine(num_kv_blocks=16)
 
 
 @pytest.fixture(scope="session")

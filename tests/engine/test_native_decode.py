@@ -286,7 +286,7 @@ def test_bf16_products_against_mkls(monkeypatch):
         assert_as_close_as_bf16_allows(records, engine.runner.model_config.hidden_size, same_layer_0=False)
 
 
-def test_bf16_products_with_partial_blocks_and_a_bias(tmp_path, hf_reference, monkeypatch):
+def test_bf16_products_with_partial_blocks_and_a_bias(tmp_path, hf_tokenizer, monkeypatch):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     # widths that are not multiples of the 64-column packed blocks (160 QKV, 288 gate/up, 80)
@@ -295,7 +295,7 @@ def test_bf16_products_with_partial_blocks_and_a_bias(tmp_path, hf_reference, mo
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
-    hf_reference["tokenizer"].save_pretrained(tmp_path)
+    hf_tokenizer.save_pretrained(tmp_path)
     engine = make_engine(model=str(tmp_path), dtype="bfloat16")
     assert engine.runner.model.layers[0].qkv_bias is not None
     records = _compare_each_decode_step(engine, PROMPTS[:3], 8, _mkl_decoder(engine, monkeypatch))
@@ -330,8 +330,8 @@ def test_reshard_rebinds_the_new_pool():
         (lambda ids, pos, tables: (ids[:1], pos, tables), "row count"),
     ],
 )
-def test_out_of_range_inputs_are_refused_before_the_native_call(change, message):
-    native: NativeDecoder = make_engine(num_kv_blocks=16).runner.native  # a pool of its own
+def test_out_of_range_inputs_are_refused_before_the_native_call(small_pool_engine, change, message):
+    native: NativeDecoder = small_pool_engine.runner.native
     ids = np.array([1, 2], dtype=np.int64)
     positions = np.array([40, 70], dtype=np.int64)
     tables = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], dtype=np.int32)

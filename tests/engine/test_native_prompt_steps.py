@@ -268,8 +268,9 @@ def test_chunked_generations_are_the_torch_paths(monkeypatch):
     ([0, 3], [5, 6, 7, 9], [3, 2], "sampled rows must increase"),
     ([0, 3], [5, 6, 7, 9], [2, 4], "sampled rows must increase"),
 ])
-def test_malformed_prompt_rows_are_refused_before_the_native_call(starts, positions, wanted, message):
-    native = make_engine(num_kv_blocks=16).runner.native
+def test_malformed_prompt_rows_are_refused_before_the_native_call(small_pool_engine, starts, positions, wanted,
+                                                                    message):
+    native = small_pool_engine.runner.native
     ids = np.array([1, 2, 3, 4], dtype=np.int64)
     tables = np.tile(np.arange(5, dtype=np.int32), (4, 1))
     native.step(ids, np.array([5, 6, 7, 9]), tables, [0, 3], [2, 3])  # well formed: runs
