@@ -9,6 +9,8 @@ alike. This is what quant/placement.py's row thresholds are chosen from.
 
     python bench/quant_products.py --threads 1       # writes bench/results/quant_products.json
     python bench/quant_products.py --model FILE.gguf --rows 1 8 16   # another file's matrices
+    python bench/quant_products.py --layers-only    # without the output head: a step's own
+                                                    # products (it runs the head on sampled rows)
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", default=None, help="GGUF file (default: the bundled model)")
+    parser.add_argument("--layers-only", action="store_true",
+                        help="leave out the output head (a step multiplies only its sampled rows by it)")
     parser.add_argument("--out", type=Path, default=RESULTS / "quant_products.json")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before the native library's OpenMP starts
@@ -46,6 +50,8 @@ def main() -> None:
     engine = Engine(args.model, dtype="float32", quantization="auto", device="cpu", chunk_size=0, max_num_seqs=8,
                     kv_cache_memory_gb=0.25)
     weights = quantized_weights(engine.runner.model)
+    if args.layers_only:
+        weights = [w for w in weights if w is not engine.runner.model.lm_head]
     lib = weights[0]._lib
     if lib is None:
         sys.exit("the native library is not loaded: nothing to measure")
@@ -80,7 +86,7 @@ def main() -> None:
         print(f"{rows:4d} rows: " + "  ".join(f"{n} {table[n][rows]:7.1f} ms" for n in paths), flush=True)
 
     result = {"machine": machine_record(args.threads), "model": engine.model_name,
-              "matrices": len(weights), "weights": sum(w.shape[0] * w.shape[1] for w in weights),
+              "matrices": len(weights), "layers_only": args.layers_only, "weights": sum(w.shape[0] * w.shape[1] for w in weights),
               "formats": sorted({w.describe() for w in weights}), "weight_bytes": sum(w.nbytes for w in weights),
               "repeats": args.repeats, "ms_per_step_best": table,
               "int16_kernel": native_quant.kernel_name(lib), "panel_engines": native_quant.panel_engines(lib)}
