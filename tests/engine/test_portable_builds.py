@@ -42,8 +42,8 @@ def _kernels(lib) -> tuple[str, tuple[str, ...]]:
 
 @pytest.fixture(scope="module")
 def level_runs(lib, tmp_path_factory, request):
-    """Each level's suites in a process of its own, all started at once (on 2 cores, ~80 s
-    apiece one after the other, ~100 s together): level -> (its library, the process, its
+    """Each level's suites in a process of its own, all started at once (on 2 cores, ~85 s
+    together, the tests no kernel decides left out): level -> (its library, the process, its
     output file), or the reason it is skipped."""
     runs = {}
     chosen = {item.callspec.params["level"] for item in request.session.items
