@@ -34,6 +34,18 @@ def test_a_failing_compiler_is_named(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # no half-built library left behind
 
 
+def test_a_value_of_the_wrong_type_for_a_pointer_stops_the_build(tmp_path, monkeypatch):
+    # (an int that shadowed a struct pointer compiled with a warning and crashed the first step)
+    source = tmp_path / "wrong_pointer.c"
+    source.write_text("typedef struct { int count; } Pair;\n"
+                      "static int count(const Pair *p) { return p->count; }\n"
+                      "int entry(void) { const int pair = 1; return count(pair); }\n")
+    monkeypatch.setattr(build, "SOURCE", source)
+    with pytest.raises(RuntimeError, match="int-conversion"):
+        build._compile(tmp_path / "out" / "wrong.so", build.FLAGS)
+    assert not (tmp_path / "out" / "wrong.so").exists()
+
+
 def test_without_the_library_the_engine_keeps_the_torch_path(monkeypatch, caplog):
     monkeypatch.setattr(build, "load", lambda: None)
     monkeypatch.setattr(build, "failure", lambda: "no C compiler (cc or gcc) on PATH")

@@ -33,7 +33,11 @@ from baton.engine.cpu_features import this_cpu
 SOURCE = Path(__file__).with_name("decode_step.c")
 # every header beside the source is part of what the library is built from (and named by)
 HEADERS = tuple(sorted(SOURCE.parent.glob("*.h")))
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+# A value of the wrong type where a pointer goes (an int shadowing a struct pointer once
+# compiled with a warning and crashed at its first step) stops the build instead: the engine
+# then says why and keeps the torch path.
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-Werror=int-conversion",
+         "-Werror=incompatible-pointer-types", "-Werror=implicit-function-declaration"]
 BUILD_TIMEOUT_S = 120
 # (activations' dtype, KV cache's dtype) -> the step compiled for the pair
 ENTRY_POINTS = {(torch.float32, torch.float32): "baton_decode_step_f32",
