@@ -102,4 +102,7 @@ async def test_a_huge_prompt_does_not_stall_other_requests(fake_workers, model_i
         assert_openai_error(big, 400, "context length")
         gap = max(b - a for a, b in zip(times, times[1:]))
         assert took > 0.3 and len(times) > 5, (took, times)
-        assert gap < 0.5, f"/health went unanswered for {gap:.2f} s while a big prompt was tokenized"
+        # a router that stalls goes unanswered for about all of `took`; a busy 2-core machine
+        # alone once left one gap of 1.03 s, so the bound grows with the tokenizing it measures
+        assert gap < max(0.5, took / 2), \
+            f"/health went unanswered for {gap:.2f} s of the {took:.2f} s a big prompt took to tokenize"
