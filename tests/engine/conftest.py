@@ -85,14 +85,13 @@ def hf_reference(engine_fp32, hf_tokenizer):
     from baton.engine.loader import bundled_model_path
 
     path = bundled_model_path()
-    tokenizer = hf_tokenizer
     with _gguf_reads_cached():
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     # a guess per prompt to check in one forward pass: Baton's own greedy tokens
     guesses = engine_fp32.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
-    continuations = [hf_greedy(model, tokenizer(prompt).input_ids, guess.token_ids, NEW_TOKENS)
+    continuations = [hf_greedy(model, hf_tokenizer(prompt).input_ids, guess.token_ids, NEW_TOKENS)
                      for prompt, guess in zip(PROMPTS, guesses, strict=True)]
-    return {"model": model, "tokenizer": tokenizer, "continuations": continuations}
+    return {"model": model, "tokenizer": hf_tokenizer, "continuations": continuations}
 
 
 def hf_greedy(model, ids: list[int], guess: list[int], count: int) -> list[int]:

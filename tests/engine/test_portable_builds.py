@@ -31,6 +31,7 @@ SUITE_TIMEOUT_S = 600
 # its own, the same on every level)
 LEVEL_BLIND = ("builds_from_source", "refused_before_the_native_call", "without_the_library",
                "disabled_by_environment", "reshard_rebinds")
+LEVEL_BLIND_DESELECTED = " and ".join(f"not {name}" for name in LEVEL_BLIND)  # pytest's -k
 
 
 LEVELS = ("x86-64-v3", "x86-64-v4")
@@ -59,10 +60,9 @@ def level_runs(lib, tmp_path_factory, request):
         output = tmp_path_factory.mktemp(level) / "pytest.txt"
         # threads that wait sleep: two processes' spinning OpenMP threads on two cores
         env = {**os.environ, build.MARCH_ENV: level, "OMP_WAIT_POLICY": "PASSIVE"}
-        deselect = " and ".join(f"not {name}" for name in LEVEL_BLIND)
         with output.open("w") as sink:
             process = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
-                                        "not heavy", "-k", deselect, *SUITES],
+                                        "not heavy", "-k", LEVEL_BLIND_DESELECTED, *SUITES],
                                        cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
         runs[level] = (portable, process, output)
     yield runs
