@@ -93,6 +93,41 @@ def test_bf16_products_are_as_close_as_torchs_bf16_attention(lib, engine, n, ctx
     assert torch.equal(native.attend(lib, q[-1:], k, v, d**-0.5, bf16=True, engine=engine)[0], got[-1])
 
 
+@pytest.mark.parametrize("engine", ["avx512", "amx"])
+@pytest.mark.parametrize("n, ctx, d", [(13, 13, 64), (5, 77, 32), (40, 1000, 64), (9, 70, 128)])
+def test_a_bf16_context_is_laid_out_as_its_float32_widening_is(lib, engine, n, ctx, d):
+    """A bf16 context is laid out from its own bits, a float32 one rounded to bf16 first:
+    values that bf16 holds exactly give the same result to the bit, a key block's tail past
+    the context included, and so does the same context read through a block table from
+    paged caches, as the native step reads it."""
+    if not native.takes_bf16(lib, engine, d):
+        pytest.skip(f"this library or CPU has no bf16 products on {engine}")
+    g = _gen(3 * n + ctx)
+    q = torch.randn(n, 9, d, generator=g)
+    k, v = (torch.randn(ctx, 3, d, generator=g).bfloat16() for _ in range(2))
+    from_bf16 = native.attend(lib, q, k, v, d**-0.5, bf16=True, engine=engine)
+    assert torch.equal(from_bf16, native.attend(lib, q, k.float(), v.float(), d**-0.5, bf16=True, engine=engine))
+    used, block_size = -(-ctx // 16), 16
+    table = torch.randperm(used + 3, generator=g)[:used].int()
+    for dtype in (torch.bfloat16, torch.float32):
+        k_cache, v_cache = (torch.full((used + 3, block_size, 3, d), float("nan"), dtype=dtype) for _ in range(2))
+        _scatter(k_cache, table, 0, k.to(dtype))
+        _scatter(v_cache, table, 0, v.to(dtype))
+        paged = native.attend_paged(lib, q, k_cache, v_cache, table, ctx, d**-0.5, bf16=True, engine=engine)
+        assert torch.equal(paged, from_bf16), dtype
+
+
+def test_the_paged_entry_refuses_caches_and_tables_that_do_not_fit_by_name(lib):
+    q, cache = torch.zeros(2, 4, 16), torch.zeros(3, 8, 2, 16)
+    with pytest.raises(ValueError, match="two alike"):
+        native.attend_paged(lib, q, cache, cache.bfloat16(), torch.zeros(1, dtype=torch.int32), 2, 1.0)
+    with pytest.raises(ValueError, match="enough for a context of 20"):
+        native.attend_paged(lib, q, cache, cache, torch.zeros(2, dtype=torch.int32), 20, 1.0)
+    with pytest.raises(ValueError, match="int32"):
+        native.attend_paged(lib, q, cache, cache, torch.zeros(3, dtype=torch.int64), 20, 1.0)
+    assert native.attend_paged(lib, q, cache, cache, torch.zeros(3, dtype=torch.int32), 1, 1.0) is None  # n > ctx
+
+
 def test_amx_tiles_take_head_sizes_of_32s_and_any_falls_back_to_dot_products(lib):
     if not native.takes_bf16(lib, "amx"):
         pytest.skip("no AMX tiles here (the CPU lacks them, or the OS did not grant them)")

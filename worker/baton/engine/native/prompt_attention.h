@@ -103,6 +103,44 @@ static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, 
     }
 }
 
+#if defined(__AVX512BW__)
+/* For laying a block out from a bf16 cache as it is (no float32 round trip, which gives back
+ * the same bits): where each key of block `block` of KV head kvh starts in the cache, in dwords
+ * (pairs of values), and which keys lie within the context (bit j: key j). The context is laid
+ * out afresh on every step with prompt tokens, so this cost grows with the context whatever
+ * the chunk: widened to float32, rounded back and the values gathered a float at a time, a
+ * chunk of 13 tokens over 1,500 spent as long laying it out as attending (a Xeon core with
+ * AMX). Returns 0 (the caller takes the float32 path) where an offset passes int32. */
+static int prompt_block_pairs(const PromptAttention *a, int kvh, int64_t block, int32_t *pairs_at, uint32_t *live) {
+    *live = 0;
+    const int64_t first = block * ATTENTION_TOKENS, bs = a->table ? a->block_size : 1;
+    /* the keys' rows walked block by block of the table: one division a block, not one a key */
+    int64_t entry = first / bs, within = first % bs;
+    for (int j = 0; j < ATTENTION_TOKENS; j++) {
+        pairs_at[j] = 0;
+        if (first + j < a->ctx) {
+            const int64_t row = a->table ? (int64_t)a->table[entry] * bs + within : first + j;
+            const int64_t pair = (row * a->num_kv_heads + kvh) * a->dim / 2;
+            if (pair > INT32_MAX - a->dim) return 0;
+            pairs_at[j] = (int32_t)pair;
+            *live |= 1u << j;
+        }
+        if (++within == bs) within = 0, entry++;
+    }
+    return 1;
+}
+
+/* Pair i (values 2i and 2i + 1) of each key's row in a bf16 cache, as a dword: keys 0-15 in
+ * `low`, 16-31 in `high`, zero past the context (prompt_block_pairs' offsets and bits). */
+static inline void prompt_gather_pairs(const void *cache, const int32_t *pairs_at, uint32_t live, int i,
+                                       __m512i *low, __m512i *high) {
+    const int32_t *base = (const int32_t *)cache + i;
+    *low = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)live, _mm512_load_si512(pairs_at), base, 4);
+    *high = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)(live >> 16),
+                                        _mm512_load_si512(pairs_at + 16), base, 4);
+}
+#endif
+
 /* e^x for x <= 0 on 16 lanes, within an ulp or two: prompt_exp's polynomial in fused
  * multiply-adds, and 2^n applied by VSCALEFPS, in half its instructions. The exponentials are
  * much of the softmax's work, and its probabilities are rounded to bf16 on the bf16 paths. */
@@ -232,9 +270,10 @@ static int prompt_attention_run(PromptAttention *a) {
     const int64_t key_blocks = a->blocks;
 #pragma omp parallel
     {
+        /* a block's KV heads one after another: they share the cache's rows */
 #pragma omp for collapse(2) schedule(static)
-        for (int kvh = 0; kvh < num_kv_heads; kvh++)
-            for (int64_t b = 0; b < key_blocks; b++) {
+        for (int64_t b = 0; b < key_blocks; b++)
+            for (int kvh = 0; kvh < num_kv_heads; kvh++) {
                 if (amx) prompt_pack_block_tiles(a, kvh, b);
                 else prompt_lay_out_block(a, kvh, b);
             }
@@ -274,6 +313,16 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
     PromptAttention a = {q, q_stride, k_cache, v_cache, table, block_size, kv_bf16, n, ctx, num_heads,
                          num_kv_heads, dim, scale, out, bf16_products, NULL, NULL, 0};
     return prompt_attention_run(&a);
+}
+
+/* The native step's prompt attention for one chunk, its context read through the block table
+ * from the paged caches [blocks, block_size, num_kv_heads, dim] as the step reads it (for
+ * tests and benchmarks): q and out [n, num_heads, dim]. prompt_attention_run's status. */
+int baton_prompt_attention_paged(const float *q, const void *k_cache, const void *v_cache, int kv_bf16,
+                                 const int32_t *table, int block_size, int n, int ctx, int num_heads, int num_kv_heads,
+                                 int dim, float scale, float *out, int bf16_products) {
+    return prompt_attention_paged(q, (int64_t)num_heads * dim, k_cache, v_cache, kv_bf16, table, block_size, n, ctx,
+                                  num_heads, num_kv_heads, dim, scale, out, bf16_products);
 }
 
 #else
@@ -384,6 +433,16 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
                                   int num_kv_heads, int dim, float scale, float *out, int bf16_products) {
     return prompt_attention_portable(q, q_stride, k_cache, v_cache, kv_bf16, table, block_size, n, ctx, num_heads,
                                      num_kv_heads, dim, scale, out, bf16_products);
+}
+
+/* The native step's prompt attention for one chunk, its context read through the block table
+ * from the paged caches [blocks, block_size, num_kv_heads, dim] as the step reads it (for
+ * tests and benchmarks): q and out [n, num_heads, dim]. prompt_attention_run's status. */
+int baton_prompt_attention_paged(const float *q, const void *k_cache, const void *v_cache, int kv_bf16,
+                                 const int32_t *table, int block_size, int n, int ctx, int num_heads, int num_kv_heads,
+                                 int dim, float scale, float *out, int bf16_products) {
+    return prompt_attention_paged(q, (int64_t)num_heads * dim, k_cache, v_cache, kv_bf16, table, block_size, n, ctx,
+                                  num_heads, num_kv_heads, dim, scale, out, bf16_products);
 }
 
 #endif

@@ -60,6 +60,31 @@ def attend(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return out if status == 0 else None
 
 
+def attend_paged(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 table: torch.Tensor, ctx: int, scale: float, bf16: bool = False,
+                 engine: str = "any") -> torch.Tensor | None:
+    """`attend` with the context read through a block table from paged caches [blocks,
+    block_size, Hkv, D], as the native step reads it: q [n, Hq, D] at positions ctx - n ..
+    ctx - 1; `table` int32, enough blocks for ctx."""
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype or k_cache.dim() != 4:
+        raise ValueError(f"paged caches are two alike [blocks, block_size, kv_heads, dim] tensors, not "
+                         f"{tuple(k_cache.shape)} {k_cache.dtype} and {tuple(v_cache.shape)} {v_cache.dtype}")
+    block_size = k_cache.shape[1]
+    if table.dtype != torch.int32 or table.numel() * block_size < ctx:
+        raise ValueError(f"the block table holds {table.numel()} {table.dtype} entries of {block_size} tokens: "
+                         f"int32 and enough for a context of {ctx}")
+    q = q.to(torch.float32).contiguous()
+    k_cache, v_cache, table = k_cache.contiguous(), v_cache.contiguous(), table.contiguous()
+    out = torch.empty(q.shape, dtype=torch.float32)
+    status = lib.baton_prompt_attention_paged(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), table.data_ptr(),
+        block_size, q.shape[0], ctx, q.shape[1], k_cache.shape[2], q.shape[2], scale, out.data_ptr(),
+        BF16_ENGINES[engine] if bf16 else 0)
+    if status == -2:
+        raise MemoryError(f"native prompt attention: no memory to lay out a context of {ctx} tokens")
+    return out if status == 0 else None
+
+
 def paged_prefill_attention_op(lib: ctypes.CDLL, bf16: bool = False, engine: str = "any"):
     """ref.paged_prefill_attention's signature and results (within float32 summation, or
     bf16 rounding with `bf16`, on `engine`), on the native kernel: each sequence's context
