@@ -105,39 +105,50 @@ static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, 
 
 #if defined(__AVX512BW__)
 /* For laying a block out from a bf16 cache as it is (no float32 round trip, which gives back
- * the same bits): where each key of block `block` of KV head kvh starts in the cache, in dwords
- * (pairs of values), and which keys lie within the context (bit j: key j). The context is laid
- * out afresh on every step with prompt tokens, so this cost grows with the context whatever
- * the chunk: widened to float32, rounded back and the values gathered a float at a time, a
- * chunk of 13 tokens over 1,500 spent as long laying it out as attending (a Xeon core with
- * AMX). Returns 0 (the caller takes the float32 path) where an offset passes int32. */
-static int prompt_block_pairs(const PromptAttention *a, int kvh, int64_t block, int32_t *pairs_at, uint32_t *live) {
-    *live = 0;
+ * the same bits). The context is laid out afresh on every step with prompt tokens, so this
+ * cost grows with the context whatever the chunk: widened to float32, rounded back and the
+ * values gathered a float at a time, a chunk of 13 tokens over 1,500 spent as long laying it
+ * out as attending (a Xeon core with AMX). */
+typedef struct {
+    int32_t pairs_at[ATTENTION_TOKENS] __attribute__((aligned(64))); /* each key's row in the cache, in dwords */
+    uint32_t live;                                                      /* bit j: key j lies within the context */
+    uint16_t *keys, *values;                                            /* the block's place in the layout */
+} PromptBf16Block;
+
+/* Block `block` of KV head kvh: where its keys start in the cache (pairs of values), which
+ * lie within the context, and where the block goes in a->keys and a->values. Returns 0 (the
+ * caller takes the float32 path) where an offset passes int32. */
+static int prompt_bf16_block(const PromptAttention *a, int kvh, int64_t block, PromptBf16Block *b) {
+    b->live = 0;
     const int64_t first = block * ATTENTION_TOKENS, bs = a->table ? a->block_size : 1;
     /* the keys' rows walked block by block of the table: one division a block, not one a key */
     int64_t entry = first / bs, within = first % bs;
     for (int j = 0; j < ATTENTION_TOKENS; j++) {
-        pairs_at[j] = 0;
+        b->pairs_at[j] = 0;
         if (first + j < a->ctx) {
             const int64_t row = a->table ? (int64_t)a->table[entry] * bs + within : first + j;
             const int64_t pair = (row * a->num_kv_heads + kvh) * a->dim / 2;
             if (pair > INT32_MAX - a->dim) return 0;
-            pairs_at[j] = (int32_t)pair;
-            *live |= 1u << j;
+            b->pairs_at[j] = (int32_t)pair;
+            b->live |= 1u << j;
         }
         if (++within == bs) within = 0, entry++;
     }
+    const int64_t at = prompt_block_at(a, kvh, block);
+    b->keys = (uint16_t *)a->keys + at;
+    b->values = (uint16_t *)a->values + at;
     return 1;
 }
 
 /* Pair i (values 2i and 2i + 1) of each key's row in a bf16 cache, as a dword: keys 0-15 in
- * `low`, 16-31 in `high`, zero past the context (prompt_block_pairs' offsets and bits). */
-static inline void prompt_gather_pairs(const void *cache, const int32_t *pairs_at, uint32_t live, int i,
-                                       __m512i *low, __m512i *high) {
+ * `low`, 16-31 in `high`, zero past the context. */
+static inline void prompt_gather_pairs(const void *cache, const PromptBf16Block *b, int i, __m512i *low,
+                                       __m512i *high) {
     const int32_t *base = (const int32_t *)cache + i;
-    *low = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)live, _mm512_load_si512(pairs_at), base, 4);
-    *high = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)(live >> 16),
-                                        _mm512_load_si512(pairs_at + 16), base, 4);
+    *low = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)b->live, _mm512_load_si512(b->pairs_at),
+                                       base, 4);
+    *high = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)(b->live >> 16),
+                                        _mm512_load_si512(b->pairs_at + 16), base, 4);
 }
 #endif
 

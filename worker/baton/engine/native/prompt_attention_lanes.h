@@ -26,22 +26,19 @@
 #define PROMPT_LANE_KEYS 16 /* keys scored at once: one accumulator each */
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-/* prompt_lay_out_block's bf16 layout from a bf16 cache as it is (prompt_block_pairs): the
+/* prompt_lay_out_block's bf16 layout from a bf16 cache as it is (prompt_bf16_block): the
  * keys' pairs along the head dimension are the cache's dwords, gathered a pair of dimensions
  * at a time; the values' pairs along the keys interleave two keys' rows. 0 where
- * prompt_block_pairs declines the block. */
+ * prompt_bf16_block declines the block. */
 static int prompt_lay_out_block_bf16(const PromptAttention *a, int kvh, int64_t block) {
-    int32_t pairs_at[ATTENTION_TOKENS] __attribute__((aligned(64)));
-    uint32_t live;
-    if (!prompt_block_pairs(a, kvh, block, pairs_at, &live)) return 0;
+    PromptBf16Block b;
+    if (!prompt_bf16_block(a, kvh, block, &b)) return 0;
     const int dim = a->dim;
-    const int64_t at = prompt_block_at(a, kvh, block);
-    uint16_t *kp = (uint16_t *)a->keys + at, *vp = (uint16_t *)a->values + at;
     for (int i = 0; i < dim / 2; i++) {
         __m512i low, high;
-        prompt_gather_pairs(a->k, pairs_at, live, i, &low, &high);
-        _mm512_storeu_si512(kp + 2 * i * ATTENTION_TOKENS, low);
-        _mm512_storeu_si512(kp + 2 * i * ATTENTION_TOKENS + 32, high);
+        prompt_gather_pairs(a->k, &b, i, &low, &high);
+        _mm512_storeu_si512(b.keys + 2 * i * ATTENTION_TOKENS, low);
+        _mm512_storeu_si512(b.keys + 2 * i * ATTENTION_TOKENS + 32, high);
     }
     /* word 2n: the first key's value n, word 2n + 1: the second's */
     const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
@@ -50,15 +47,15 @@ static int prompt_lay_out_block_bf16(const PromptAttention *a, int kvh, int64_t 
     for (int jp = 0; jp < ATTENTION_TOKENS / 2; jp++) {
         const int first = 2 * jp, second = 2 * jp + 1;
         for (int d = 0; d < dim; d += 16) {
-            const __m512i x = live >> first & 1
+            const __m512i x = b.live >> first & 1
                                   ? _mm512_zextsi256_si512(_mm256_loadu_si256(
-                                        (const __m256i *)(v + 2 * (int64_t)pairs_at[first] + d)))
+                                        (const __m256i *)(v + 2 * (int64_t)b.pairs_at[first] + d)))
                                   : _mm512_setzero_si512();
-            const __m512i y = live >> second & 1
+            const __m512i y = b.live >> second & 1
                                   ? _mm512_zextsi256_si512(_mm256_loadu_si256(
-                                        (const __m256i *)(v + 2 * (int64_t)pairs_at[second] + d)))
+                                        (const __m256i *)(v + 2 * (int64_t)b.pairs_at[second] + d)))
                                   : _mm512_setzero_si512();
-            _mm512_storeu_si512(vp + ((int64_t)jp * dim + d) * 2, _mm512_permutex2var_epi16(x, interleave, y));
+            _mm512_storeu_si512(b.values + ((int64_t)jp * dim + d) * 2, _mm512_permutex2var_epi16(x, interleave, y));
         }
     }
     return 1;

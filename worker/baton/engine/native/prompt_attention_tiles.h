@@ -24,28 +24,26 @@
 /* prompt_pack_block_tiles from a bf16 cache, its values moved as they are (the float32 round
  * trip gives back the same bits): each key's row copied; for each pair of head dimensions,
  * the 32 keys' pairs gathered as dwords (two gathers of 16) and split into their even words
- * (the first dimension's row) and odd words (the second's). 0 where prompt_block_pairs
+ * (the first dimension's row) and odd words (the second's). 0 where prompt_bf16_block
  * declines the block. */
 static int prompt_pack_block_tiles_bf16(const PromptAttention *a, int kvh, int64_t block) {
-    int32_t pairs_at[ATTENTION_TOKENS] __attribute__((aligned(64)));
-    uint32_t live;
-    if (!prompt_block_pairs(a, kvh, block, pairs_at, &live)) return 0;
+    PromptBf16Block b;
+    if (!prompt_bf16_block(a, kvh, block, &b)) return 0;
     const int dim = a->dim;
-    const int64_t at = prompt_block_at(a, kvh, block);
-    uint16_t *kp = (uint16_t *)a->keys + at, *vp = (uint16_t *)a->values + at;
     const uint16_t *k = (const uint16_t *)a->k;
     for (int j = 0; j < ATTENTION_TOKENS; j++)
         for (int d = 0; d < dim; d += 32)
-            _mm512_storeu_si512(kp + j * dim + d, live >> j & 1 ? _mm512_loadu_si512(k + 2 * (int64_t)pairs_at[j] + d)
-                                                                : _mm512_setzero_si512());
+            _mm512_storeu_si512(b.keys + j * dim + d, b.live >> j & 1
+                                                          ? _mm512_loadu_si512(k + 2 * (int64_t)b.pairs_at[j] + d)
+                                                          : _mm512_setzero_si512());
     const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
                                           24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
     for (int i = 0; i < dim / 2; i++) { /* dimensions 2i and 2i + 1 */
         __m512i low, high;
-        prompt_gather_pairs(a->v, pairs_at, live, i, &low, &high);
-        _mm512_store_si512(vp + 2 * i * ATTENTION_TOKENS, _mm512_permutex2var_epi16(low, even, high));
-        _mm512_store_si512(vp + (2 * i + 1) * ATTENTION_TOKENS, _mm512_permutex2var_epi16(low, odd, high));
+        prompt_gather_pairs(a->v, &b, i, &low, &high);
+        _mm512_store_si512(b.values + 2 * i * ATTENTION_TOKENS, _mm512_permutex2var_epi16(low, even, high));
+        _mm512_store_si512(b.values + (2 * i + 1) * ATTENTION_TOKENS, _mm512_permutex2var_epi16(low, odd, high));
     }
     return 1;
 }
