@@ -125,6 +125,10 @@ def test_the_paged_entry_refuses_caches_and_tables_that_do_not_fit_by_name(lib):
         native.attend_paged(lib, q, cache, cache, torch.zeros(2, dtype=torch.int32), 20, 1.0)
     with pytest.raises(ValueError, match="int32"):
         native.attend_paged(lib, q, cache, cache, torch.zeros(3, dtype=torch.int64), 20, 1.0)
+    with pytest.raises(ValueError, match="outside the caches' 3"):
+        native.attend_paged(lib, q, cache, cache, torch.tensor([0, 3, 1], dtype=torch.int32), 20, 1.0)
+    with pytest.raises(ValueError, match=r"\[n, heads, 16\]"):
+        native.attend_paged(lib, torch.zeros(2, 4, 32), cache, cache, torch.zeros(3, dtype=torch.int32), 20, 1.0)
     assert native.attend_paged(lib, q, cache, cache, torch.zeros(3, dtype=torch.int32), 1, 1.0) is None  # n > ctx
 
 

@@ -69,10 +69,15 @@ def attend_paged(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cac
     if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype or k_cache.dim() != 4:
         raise ValueError(f"paged caches are two alike [blocks, block_size, kv_heads, dim] tensors, not "
                          f"{tuple(k_cache.shape)} {k_cache.dtype} and {tuple(v_cache.shape)} {v_cache.dtype}")
+    if q.dim() != 3 or q.shape[2] != k_cache.shape[3]:
+        raise ValueError(f"queries are [n, heads, {k_cache.shape[3]}] to read these caches, not {tuple(q.shape)}")
     block_size = k_cache.shape[1]
     if table.dtype != torch.int32 or table.numel() * block_size < ctx:
         raise ValueError(f"the block table holds {table.numel()} {table.dtype} entries of {block_size} tokens: "
                          f"int32 and enough for a context of {ctx}")
+    used = table.reshape(-1)[:-(-ctx // block_size)]
+    if used.numel() and not (0 <= int(used.min()) and int(used.max()) < k_cache.shape[0]):
+        raise ValueError(f"the block table names blocks outside the caches' {k_cache.shape[0]}")
     q = q.to(torch.float32).contiguous()
     k_cache, v_cache, table = k_cache.contiguous(), v_cache.contiguous(), table.contiguous()
     out = torch.empty(q.shape, dtype=torch.float32)
