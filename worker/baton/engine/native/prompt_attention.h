@@ -103,12 +103,12 @@ static void prompt_load_block(const PromptAttention *a, int kvh, int64_t block, 
     }
 }
 
-#if defined(__AVX512BW__)
-/* For laying a block out from a bf16 cache as it is (no float32 round trip, which gives back
- * the same bits). The context is laid out afresh on every step with prompt tokens, so this
- * cost grows with the context whatever the chunk: widened to float32, rounded back and the
- * values gathered a float at a time, a chunk of 13 tokens over 1,500 spent as long laying it
- * out as attending (a Xeon core with AMX). */
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+/* For the bf16 products' layouts of a block from a bf16 cache as it is (no float32 round
+ * trip, which gives back the same bits). The context is laid out afresh on every step with
+ * prompt tokens, so this cost grows with the context whatever the chunk: widened to float32,
+ * rounded back and the values gathered a float at a time, a chunk of 13 tokens over 1,500
+ * spent as long laying it out as attending (a Xeon core with AMX). */
 typedef struct {
     int32_t pairs_at[ATTENTION_TOKENS] __attribute__((aligned(64))); /* each key's row in the cache, in dwords */
     uint32_t live;                                                      /* bit j: key j lies within the context */
