@@ -74,8 +74,8 @@ def main() -> None:
         for engine in ("avx512", "amx"):  # VDPBF16PS, and AMX tiles where the CPU has them
             if native.takes_bf16(lib, engine):
                 paths[f"native_bf16_{engine}"] = native.paged_prefill_attention_op(lib, True, engine)
-                if hasattr(native, "attend_paged"):  # the block table read as the native step reads it
-                    paths[f"native_bf16_{engine}_paged"] = paged_path(native, lib, engine)
+                # the block table read as the native step reads it
+                paths[f"native_bf16_{engine}_paged"] = paged_path(native, lib, engine)
 
     table: dict[str, dict[str, float]] = {name: {} for name in paths}
     for rows, ctx in args.shapes:

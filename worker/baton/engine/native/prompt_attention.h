@@ -326,16 +326,6 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
     return prompt_attention_run(&a);
 }
 
-/* The native step's prompt attention for one chunk, its context read through the block table
- * from the paged caches [blocks, block_size, num_kv_heads, dim] as the step reads it (for
- * tests and benchmarks): q and out [n, num_heads, dim]. prompt_attention_run's status. */
-int baton_prompt_attention_paged(const float *q, const void *k_cache, const void *v_cache, int kv_bf16,
-                                 const int32_t *table, int block_size, int n, int ctx, int num_heads, int num_kv_heads,
-                                 int dim, float scale, float *out, int bf16_products) {
-    return prompt_attention_paged(q, (int64_t)num_heads * dim, k_cache, v_cache, kv_bf16, table, block_size, n, ctx,
-                                  num_heads, num_kv_heads, dim, scale, out, bf16_products);
-}
-
 #else
 /* Without AVX-512: the same attention in portable C, float32 products only (a key or value
  * in bf16 widened exactly), each row's scores, softmax and value sums in turn; on AVX2 with
@@ -446,6 +436,8 @@ static int prompt_attention_paged(const float *q, int64_t q_stride, const void *
                                      num_kv_heads, dim, scale, out, bf16_products);
 }
 
+#endif
+
 /* The native step's prompt attention for one chunk, its context read through the block table
  * from the paged caches [blocks, block_size, num_kv_heads, dim] as the step reads it (for
  * tests and benchmarks): q and out [n, num_heads, dim]. prompt_attention_run's status. */
@@ -455,5 +447,3 @@ int baton_prompt_attention_paged(const float *q, const void *k_cache, const void
     return prompt_attention_paged(q, (int64_t)num_heads * dim, k_cache, v_cache, kv_bf16, table, block_size, n, ctx,
                                   num_heads, num_kv_heads, dim, scale, out, bf16_products);
 }
-
-#endif

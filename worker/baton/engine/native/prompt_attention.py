@@ -55,9 +55,7 @@ def attend(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     status = lib.baton_prompt_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16),
                                         q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], scale,
                                         out.data_ptr(), BF16_ENGINES[engine] if bf16 else 0)
-    if status == -2:
-        raise MemoryError(f"native prompt attention: no memory to widen a context of {k.shape[0]} tokens")
-    return out if status == 0 else None
+    return _result(status, out, k.shape[0])
 
 
 def attend_paged(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -85,6 +83,11 @@ def attend_paged(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cac
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), table.data_ptr(),
         block_size, q.shape[0], ctx, q.shape[1], k_cache.shape[2], q.shape[2], scale, out.data_ptr(),
         BF16_ENGINES[engine] if bf16 else 0)
+    return _result(status, out, ctx)
+
+
+def _result(status: int, out: torch.Tensor, ctx: int) -> torch.Tensor | None:
+    """The kernel's output by its status: None where it does not take the shape."""
     if status == -2:
         raise MemoryError(f"native prompt attention: no memory to lay out a context of {ctx} tokens")
     return out if status == 0 else None
